@@ -1,0 +1,141 @@
+package cni
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/ipam"
+)
+
+// fallbackMTU is used when the node has no default route to derive one from.
+const fallbackMTU = 1500
+
+// ensureBridge returns the node bridge, creating it (up, with a fixed MAC so
+// that pods never see their gateway's MAC change as ports come and go) when
+// it does not exist yet.
+func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
+	link, err := netlink.LinkByName(name)
+	if err == nil {
+		br, ok := link.(*netlink.Bridge)
+		if !ok {
+			return nil, fmt.Errorf("bridge: %s exists but is a %s, not a bridge", name, link.Type())
+		}
+		if br.Attrs().Flags&net.FlagUp == 0 {
+			if err := netlink.LinkSetUp(br); err != nil {
+				return nil, fmt.Errorf("setting bridge %s up: %w", name, err)
+			}
+		}
+		return br, nil
+	}
+	var notFound netlink.LinkNotFoundError
+	if !errors.As(err, &notFound) {
+		return nil, fmt.Errorf("looking up bridge %s: %w", name, err)
+	}
+	mac := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(mac); err != nil {
+		return nil, err
+	}
+	mac[0] = mac[0]&0xfe | 0x02 // unicast, locally administered
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu, HardwareAddr: mac, Flags: net.FlagUp, TxQLen: -1}}
+	if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("creating bridge %s: %w", name, err)
+	}
+	// Re-read: a concurrent ADD may have created it first.
+	link, err = netlink.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("looking up bridge %s: %w", name, err)
+	}
+	created, ok := link.(*netlink.Bridge)
+	if !ok {
+		return nil, fmt.Errorf("bridge: %s exists but is a %s, not a bridge", name, link.Type())
+	}
+	return created, nil
+}
+
+// ensureGateways puts each lease's gateway on the bridge, with the lease's
+// prefix length, unless it is already there.
+func ensureGateways(br *netlink.Bridge, leases []ipam.Lease) error {
+	have, err := netlink.AddrList(br, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("listing addresses of %s: %w", br.Name, err)
+	}
+	for _, l := range leases {
+		gw := net.IP(l.Gateway.AsSlice())
+		if hasIP(have, gw) {
+			continue
+		}
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: gw, Mask: net.CIDRMask(l.Address.Bits(), l.Gateway.BitLen())}}
+		if l.Gateway.Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(br, addr); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("adding gateway %s to %s: %w", addr.IPNet, br.Name, err)
+		}
+	}
+	return nil
+}
+
+func hasIP(addrs []netlink.Addr, ip net.IP) bool {
+	for _, a := range addrs {
+		if a.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// enableForwarding turns on forwarding for the families the pod uses; a
+// value that is already 1 is not rewritten.
+func enableForwarding(leases []ipam.Lease) error {
+	for _, l := range leases {
+		path := "/proc/sys/net/ipv4/ip_forward"
+		if l.Address.Addr().Is6() {
+			path = "/proc/sys/net/ipv6/conf/all/forwarding"
+		}
+		cur, err := os.ReadFile(path)
+		if err == nil && bytes.Equal(bytes.TrimSpace(cur), []byte("1")) {
+			continue
+		}
+		if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enabling forwarding: %w", err)
+		}
+	}
+	return nil
+}
+
+// defaultMTU is the MTU of the interface of the node's default route.
+func defaultMTU() int {
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := netlink.RouteList(nil, family)
+		if err != nil {
+			continue
+		}
+		for _, r := range routes {
+			if r.Dst != nil && !isDefaultDst(r.Dst) {
+				continue
+			}
+			if link, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+				return link.Attrs().MTU
+			}
+		}
+	}
+	return fallbackMTU
+}
+
+func isDefaultDst(dst *net.IPNet) bool {
+	ones, _ := dst.Mask.Size()
+	return ones == 0
+}
+
+// ipNet converts a netip prefix to the net form netlink wants, keeping the host bits.
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}

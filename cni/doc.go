@@ -1,0 +1,15 @@
+// Package cni is the weft CNI plugin: it wires a pod's network namespace to the
+// node's bridge and hands out its addresses from weft's own IPAM.
+//
+// One plugin process serves one command (ADD, DEL, CHECK, STATUS, GC) of the
+// CNI 1.1 specification. The plugin is deliberately lean: IPAM runs in-process
+// (no second exec as with bridge + host-local), every netlink request for the
+// pod side goes through a handle opened in the pod's namespace (no thread
+// switching), and nothing that is already in place is rewritten.
+//
+// Ordering is what keeps a failure from leaking: ADD allocates addresses before
+// it touches the kernel, then creates the veth pair with its peer directly in
+// the pod namespace, and undoes both if any later step fails. DEL and GC work
+// from the plugin's own state (the IPAM store and the deterministic host-side
+// veth names), so they need neither the runtime's cache nor the pod namespace.
+package cni

@@ -1,0 +1,54 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// errNetNSGone marks a CNI_NETNS that no longer exists (or is no longer a
+// network namespace): DEL and GC treat it as already cleaned up.
+var errNetNSGone = errors.New("network namespace is gone")
+
+// podNS is an open pod network namespace and a netlink handle inside it.
+type podNS struct {
+	path   string
+	fd     netns.NsHandle
+	handle *netlink.Handle
+}
+
+// openPodNS opens the namespace at path and a netlink socket inside it.
+func openPodNS(path string) (*podNS, error) {
+	fd, err := netns.GetFromPath(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("opening %s: %w", path, errNetNSGone)
+		}
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(fd), &st); err != nil {
+		fd.Close()
+		return nil, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	// A bind-mounted namespace lives on nsfs; /proc/<pid>/ns/net on procfs.
+	if st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC {
+		fd.Close()
+		return nil, fmt.Errorf("%s is not a network namespace: %w", path, errNetNSGone)
+	}
+	h, err := netlink.NewHandleAt(fd)
+	if err != nil {
+		fd.Close()
+		return nil, fmt.Errorf("netlink socket in %s: %w", path, err)
+	}
+	return &podNS{path: path, fd: fd, handle: h}, nil
+}
+
+func (p *podNS) Close() {
+	p.handle.Close()
+	p.fd.Close()
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the system tools weft's tests and lab use. Idempotent and quiet:
+# packages already present are not touched, apt runs only when one is missing.
+set -euo pipefail
+
+packages=(
+	iproute2   # ip: namespaces, links, routes
+	iptables   # the reference portmap plugin; later the iptables proxy backend
+	nftables   # nft: portmap's nftables backend and the nftables proxy backend
+	util-linux # unshare, flock
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+	exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+	echo "install-deps: need root to install: ${missing[*]}" >&2
+	exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

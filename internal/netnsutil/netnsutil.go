@@ -1,0 +1,141 @@
+// Package netnsutil gives tests and benchmarks a private network world:
+// Isolate re-executes the program inside a fresh network and mount namespace,
+// so nothing it does can reach the host's own links, routes, iptables or
+// /run/netns, and everything it made disappears with it, even after kill -9.
+package netnsutil
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// isolatedEnv marks the re-executed child.
+const isolatedEnv = "WEFT_ISOLATED_NETNS"
+
+// RunDir is where named namespaces live (a private tmpfs once isolated).
+const RunDir = "/run/netns"
+
+// Isolated reports whether this process is the isolated child.
+func Isolated() bool { return os.Getenv(isolatedEnv) == "1" }
+
+// Isolate makes sure the rest of the program runs in a private network and
+// mount namespace. In the parent it re-executes the program there, waits, and
+// returns the child's exit code with reexeced true; the caller exits with it.
+// In the child it prepares the namespace (loopback up, private /run/netns)
+// and returns reexeced false, so the caller goes on.
+func Isolate() (code int, reexeced bool, err error) {
+	if Isolated() {
+		return 0, false, prepare()
+	}
+	if os.Geteuid() != 0 {
+		return 0, false, errors.New("network namespaces need root")
+	}
+	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	// With CLONE_NEWNS, Go makes every mount private in the child first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Run(); err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return exit.ExitCode(), true, nil
+		}
+		return 1, true, fmt.Errorf("re-executing in a private network namespace: %w", err)
+	}
+	return 0, true, nil
+}
+
+func prepare() error {
+	if err := os.MkdirAll(RunDir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", RunDir, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting a private %s: %w", RunDir, err)
+	}
+	// sysfs shows the links of the namespace that mounted it: remount it so
+	// /sys/class/net describes this namespace, not the host's.
+	if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
+		return fmt.Errorf("mounting a private /sys: %w", err)
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	return netlink.LinkSetUp(lo)
+}
+
+// NewNamed creates a network namespace bind-mounted at RunDir/name, with its
+// loopback up, and returns its path. The calling thread's namespace is kept.
+func NewNamed(name string) (string, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return "", err
+	}
+	defer orig.Close()
+	h, err := netns.NewNamed(name)
+	if err != nil {
+		restore(orig)
+		return "", fmt.Errorf("creating netns %s: %w", name, err)
+	}
+	defer h.Close()
+	lo, lerr := netlink.LinkByName("lo")
+	if lerr == nil {
+		lerr = netlink.LinkSetUp(lo)
+	}
+	restore(orig)
+	if lerr != nil {
+		_ = Delete(name)
+		return "", fmt.Errorf("setting lo up in %s: %w", name, lerr)
+	}
+	return RunDir + "/" + name, nil
+}
+
+// Delete removes a namespace made by NewNamed; a missing one is no error.
+func Delete(name string) error {
+	err := netns.DeleteNamed(name)
+	if err != nil && errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// Do runs fn with the calling goroutine's thread inside the namespace at path.
+// Sockets fn creates stay in that namespace after Do returns.
+func Do(path string, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", path, err)
+	}
+	defer target.Close()
+	if err := netns.Set(target); err != nil {
+		return fmt.Errorf("entering %s: %w", path, err)
+	}
+	defer restore(orig)
+	return fn()
+}
+
+// restore returns the locked thread to its namespace. It cannot fail short of
+// a kernel bug; if it does, the thread must not run other goroutines, so the
+// program stops.
+func restore(orig netns.NsHandle) {
+	if err := netns.Set(orig); err != nil {
+		panic(fmt.Sprintf("netnsutil: restoring the thread's network namespace: %v", err))
+	}
+}

@@ -1,0 +1,228 @@
+package ipam
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	lockFile   = "lock"
+	stateFile  = "state.json"
+	tempPrefix = stateFile + ".tmp-"
+	maxNameLen = 255 // NAME_MAX
+)
+
+// NetworkDir returns the directory holding the state of network under
+// dataDir, rejecting network names that are not a single path element.
+func NetworkDir(dataDir, network string) (string, error) {
+	switch {
+	case dataDir == "":
+		return "", errors.New("ipam data directory: empty")
+	case network == "":
+		return "", errors.New("network name: empty")
+	case network == "." || network == "..":
+		return "", fmt.Errorf("network name %q: not usable as a directory name", network)
+	case strings.ContainsAny(network, "/\x00"):
+		return "", fmt.Errorf("network name %q: must not contain '/' or NUL", network)
+	case len(network) > maxNameLen:
+		return "", fmt.Errorf("network name %q: longer than %d bytes", network, maxNameLen)
+	}
+	return filepath.Join(dataDir, network), nil
+}
+
+// DiskStore is a Store backed by a directory: dir/lock is flock'd around
+// every operation (and never deleted) and dir/state.json holds the State,
+// replaced atomically on every change. It is safe for concurrent use by
+// goroutines and processes; each operation opens its own lock descriptor.
+type DiskStore struct {
+	dir string
+}
+
+var _ Store = (*DiskStore)(nil)
+
+// NewDiskStore opens the store in dir, creating dir (mode 0700) and the
+// lock file as needed. It does not read the state.
+func NewDiskStore(dir string) (*DiskStore, error) {
+	if dir == "" {
+		return nil, errors.New("open ipam store: empty directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open ipam store: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open ipam store: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("open ipam store: %w", err)
+	}
+	return &DiskStore{dir: dir}, nil
+}
+
+// Dir returns the store's directory.
+func (s *DiskStore) Dir() string { return s.dir }
+
+// StatePath returns the path of the state file.
+func (s *DiskStore) StatePath() string { return filepath.Join(s.dir, stateFile) }
+
+// Update implements Store. It holds LOCK_EX on dir/lock while it loads the
+// state, runs fn and, if fn succeeded and changed the state, saves it.
+func (s *DiskStore) Update(fn func(*State) error) error {
+	unlock, err := s.lock(unix.LOCK_EX)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// Only the lock holder writes temporary files, so any found now were
+	// left by a process that died mid-save. Removing them is best effort.
+	s.removeTemps()
+
+	st, err := s.load()
+	if err != nil {
+		return err
+	}
+	before, err := MarshalState(st)
+	if err != nil {
+		return err
+	}
+	if err := fn(st); err != nil {
+		return err
+	}
+	after, err := MarshalState(st)
+	if err != nil {
+		return err
+	}
+	if bytes.Equal(before, after) {
+		return nil
+	}
+	return s.save(after)
+}
+
+// View implements Store. It holds LOCK_SH on dir/lock while fn runs;
+// changes fn makes are discarded.
+func (s *DiskStore) View(fn func(*State) error) error {
+	unlock, err := s.lock(unix.LOCK_SH)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := s.load()
+	if err != nil {
+		return err
+	}
+	return fn(st)
+}
+
+// lock opens dir/lock and flocks it (blocking). The returned function
+// unlocks and closes it. The descriptor is close-on-exec, so a child
+// process never inherits the lock.
+func (s *DiskStore) lock(how int) (unlock func(), err error) {
+	path := filepath.Join(s.dir, lockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock ipam store: %w", err)
+	}
+	fd := int(f.Fd())
+	for {
+		err = unix.Flock(fd, how)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("lock ipam store: flock %s: %w", path, err)
+	}
+	return func() {
+		// Closing the only descriptor of the open file releases the lock
+		// anyway; the explicit unlock just makes the intent plain.
+		_ = unix.Flock(fd, unix.LOCK_UN)
+		_ = f.Close()
+	}, nil
+}
+
+// load reads the state file; a missing file is an empty State.
+func (s *DiskStore) load() (*State, error) {
+	path := s.StatePath()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return NewState(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read ipam state: %w", err)
+	}
+	st, err := UnmarshalState(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return st, nil
+}
+
+// save replaces the state file with b atomically and durably: write a
+// temporary file, fsync it, rename it over the state file, fsync the
+// directory.
+func (s *DiskStore) save(b []byte) error {
+	tmp := filepath.Join(s.dir, tempPrefix+strconv.Itoa(os.Getpid()))
+	if err := writeFileSync(tmp, b); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("save ipam state: %w", err)
+	}
+	if err := os.Rename(tmp, s.StatePath()); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("save ipam state: %w", err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fmt.Errorf("save ipam state: %w", err)
+	}
+	return nil
+}
+
+// removeTemps deletes leftover temporary state files; errors are ignored
+// because a leftover file is harmless.
+func (s *DiskStore) removeTemps() {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), tempPrefix) {
+			_ = os.Remove(filepath.Join(s.dir, e.Name()))
+		}
+	}
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	if err := d.Sync(); err != nil {
+		_ = d.Close()
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return d.Close()
+}

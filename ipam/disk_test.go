@@ -1,0 +1,234 @@
+package ipam_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/weftnet/weft/ipam"
+)
+
+func TestNetworkDir(t *testing.T) {
+	tests := []struct {
+		dataDir, network, want string
+	}{
+		{"/var/lib/weft", "weft", "/var/lib/weft/weft"},
+		{"/var/lib/weft", "k8s-pod-network.v1", "/var/lib/weft/k8s-pod-network.v1"},
+		{"/var/lib/weft", "", ""},
+		{"/var/lib/weft", ".", ""},
+		{"/var/lib/weft", "..", ""},
+		{"/var/lib/weft", "a/b", ""},
+		{"/var/lib/weft", "../etc", ""},
+		{"/var/lib/weft", "a\x00b", ""},
+		{"/var/lib/weft", strings.Repeat("n", 256), ""},
+		{"", "weft", ""},
+	}
+	for _, tt := range tests {
+		got, err := ipam.NetworkDir(tt.dataDir, tt.network)
+		if tt.want == "" {
+			if err == nil {
+				t.Errorf("NetworkDir(%q, %q) = %q, want error", tt.dataDir, tt.network, got)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("NetworkDir(%q, %q) = %q, %v; want %q", tt.dataDir, tt.network, got, err, tt.want)
+		}
+	}
+}
+
+func openDisk(t *testing.T, dir string) *ipam.DiskStore {
+	t.Helper()
+	s, err := ipam.NewDiskStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tempFiles lists leftover temporary state files in dir.
+func tempFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "state.json.tmp-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestDiskStore(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data", "weft")
+	s := openDisk(t, dir)
+	for _, p := range []string{filepath.Dir(dir), dir} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: mode %v, %v; want 0700", p, fi.Mode(), err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "lock")); err != nil {
+		t.Errorf("lock file: %v", err)
+	}
+	storeContract(t, s)
+	if m := tempFiles(t, dir); len(m) != 0 {
+		t.Errorf("temporary files left behind: %v", m)
+	}
+
+	// Round trip through a second store on the same directory.
+	want, err := os.ReadFile(s.StatePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := openDisk(t, dir).View(func(st *ipam.State) error {
+		if got := encode(t, st); !bytes.Equal(got, want) {
+			t.Errorf("reloaded state:\n%s\nwant\n%s", got, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// An Update that changes nothing does not rewrite the file.
+	before, _ := os.Stat(s.StatePath())
+	if err := s.Update(func(*ipam.State) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := os.Stat(s.StatePath())
+	if !os.SameFile(before, after) {
+		t.Error("no-op Update replaced state.json")
+	}
+}
+
+func TestDiskStoreCorrupt(t *testing.T) {
+	for name, content := range map[string]string{
+		"garbage":   "not json at all",
+		"truncated": `{"version": 1, "allocations": [{"containerID": "a"`,
+		"version":   `{"version": 7, "allocations": []}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := openDisk(t, dir)
+			if err := os.WriteFile(s.StatePath(), []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			called := false
+			fn := func(*ipam.State) error { called = true; return nil }
+			for op, err := range map[string]error{"Update": s.Update(fn), "View": s.View(fn)} {
+				if !errors.Is(err, ipam.ErrCorruptState) || !strings.Contains(err.Error(), s.StatePath()) {
+					t.Errorf("%s: error %v, want ErrCorruptState naming %s", op, err, s.StatePath())
+				}
+			}
+			if called {
+				t.Error("fn ran on a corrupt state")
+			}
+			if b, _ := os.ReadFile(s.StatePath()); string(b) != content {
+				t.Errorf("corrupt file was rewritten: %q", b)
+			}
+		})
+	}
+}
+
+func TestDiskStoreStaleTemp(t *testing.T) {
+	dir := t.TempDir()
+	s := openDisk(t, dir)
+	stale := filepath.Join(dir, "state.json.tmp-999999")
+	if err := os.WriteFile(stale, []byte(`{"vers`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.View(func(st *ipam.State) error { return nil }); err != nil {
+		t.Fatalf("View with a stale temp file: %v", err)
+	}
+	if err := s.Update(func(*ipam.State) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if m := tempFiles(t, dir); len(m) != 0 {
+		t.Errorf("stale temporary files not removed: %v", m)
+	}
+}
+
+// dualPool is the pool used by the concurrency and helper-process tests.
+func dualPool() (*ipam.Pool, error) {
+	return ipam.NewPool([]ipam.RangeSet{
+		{{Subnet: pfx("10.244.1.0/24")}},
+		{{Subnet: pfx("fd00:10:244:1::/64")}},
+	})
+}
+
+func allocateOnDisk(dir, id string) error {
+	p, err := dualPool()
+	if err != nil {
+		return err
+	}
+	s, err := ipam.NewDiskStore(dir)
+	if err != nil {
+		return err
+	}
+	return s.Update(func(st *ipam.State) error {
+		_, err := p.Allocate(st, key(id))
+		return err
+	})
+}
+
+// checkDistinct asserts that dir's state holds exactly ids, each with two
+// addresses, all distinct.
+func checkDistinct(t *testing.T, dir string, ids []string) {
+	t.Helper()
+	err := openDisk(t, dir).View(func(st *ipam.State) error {
+		if len(st.Allocations) != len(ids) {
+			t.Errorf("%d allocations, want %d: %v", len(st.Allocations), len(ids), st.Keys())
+		}
+		for _, id := range ids {
+			if !containsKey(st.Keys(), key(id)) {
+				t.Errorf("no allocation for %s", id)
+			}
+		}
+		seen := make(map[string]string)
+		for _, al := range st.Allocations {
+			if len(al.Addresses) != 2 {
+				t.Errorf("%s: %d addresses, want 2", al.Key, len(al.Addresses))
+			}
+			for _, a := range al.Addresses {
+				if other, dup := seen[a.String()]; dup {
+					t.Errorf("%s handed to both %s and %s", a, other, al.Key)
+				}
+				seen[a.String()] = al.ContainerID
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func containsKey(keys []ipam.Key, k ipam.Key) bool {
+	for _, x := range keys {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+func TestDiskStoreConcurrentStores(t *testing.T) {
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	ids := make([]string, 20)
+	for i := range ids {
+		ids[i] = fmt.Sprint("goroutine-", i)
+		wg.Go(func() {
+			// Each goroutine opens its own store, like separate processes.
+			if err := allocateOnDisk(dir, ids[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	checkDistinct(t, dir, ids)
+	if m := tempFiles(t, dir); len(m) != 0 {
+		t.Errorf("temporary files left behind: %v", m)
+	}
+}
