@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -181,7 +182,7 @@ func checkDistinct(t *testing.T, dir string, ids []string) {
 			t.Errorf("%d allocations, want %d: %v", len(st.Allocations), len(ids), st.Keys())
 		}
 		for _, id := range ids {
-			if !containsKey(st.Keys(), key(id)) {
+			if !slices.Contains(st.Keys(), key(id)) {
 				t.Errorf("no allocation for %s", id)
 			}
 		}
@@ -202,15 +203,6 @@ func checkDistinct(t *testing.T, dir string, ids []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-func containsKey(keys []ipam.Key, k ipam.Key) bool {
-	for _, x := range keys {
-		if x == k {
-			return true
-		}
-	}
-	return false
 }
 
 func TestDiskStoreConcurrentStores(t *testing.T) {
