@@ -25,6 +25,9 @@ func Add(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidNetNS, "CNI_NETNS: cannot open the pod network namespace", err.Error())
 	}
 	defer pod.Close()
+	if err := removeDisarmed(HostVethName(args.ContainerID, args.IfName)); err != nil {
+		return err
+	}
 	if _, err := pod.handle.LinkByName(args.IfName); err == nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables,
 			fmt.Sprintf("CNI_IFNAME: interface %q already exists in %s", args.IfName, args.Netns), "")

@@ -91,12 +91,14 @@ func TestChainPortmapBandwidth(t *testing.T) {
 	}
 	e.del(list, a)
 	e.del(list, a)
-	if v := e.hostVeths(); len(v) != 0 {
-		t.Fatalf("veths left: %v", v)
+	if v := e.armedVeths(); len(v) != 0 {
+		t.Fatalf("attachments still up after DEL: %v", v)
 	}
-	if _, err := exchange(ext, net.JoinHostPort(nodeIP, "8080")); err == nil {
+	if !unreachable(ext, net.JoinHostPort(nodeIP, "8080")) {
 		t.Fatal("host port still forwards after DEL")
 	}
+	deletePod(t, a)
+	e.waitNoVeths()
 }
 
 func hasTBF(t *testing.T, l netlink.Link) bool {

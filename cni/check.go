@@ -75,6 +75,9 @@ func checkHostVeth(cfg *Config, name string) error {
 	if link.Attrs().MasterIndex != br.Attrs().Index {
 		return fmt.Errorf("host veth %s is not attached to bridge %s", name, cfg.Bridge)
 	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		return fmt.Errorf("host veth %s is down (the attachment was deleted)", name)
+	}
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,7 +175,40 @@ func (e *env) allocations(name string) []ipam.Key {
 }
 
 // hostVeths lists the weft veths attached to the env's bridge.
-func (e *env) hostVeths() []string {
+func (e *env) hostVeths() []string { return e.bridgePorts(false) }
+
+// armedVeths lists the bridge ports that are up: attachments not deleted.
+func (e *env) armedVeths() []string { return e.bridgePorts(true) }
+
+// waitNoVeths waits for the kernel to destroy the disarmed veth pairs once
+// their pod namespaces are gone (it does so asynchronously, in batches).
+func (e *env) waitNoVeths() {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.hostVeths()) > 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("veths still on the bridge 10s after their namespaces were deleted: %v", e.hostVeths())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// deletePod stops the pod's servers and removes its namespace, as the
+// runtime does after DEL.
+func deletePod(t *testing.T, a cnitest.Attachment) {
+	t.Helper()
+	servers.Lock()
+	for _, ln := range servers.byNS[a.NetNS] {
+		ln.Close()
+	}
+	delete(servers.byNS, a.NetNS)
+	servers.Unlock()
+	if err := netnsutil.Delete(strings.TrimPrefix(a.NetNS, netnsutil.RunDir+"/")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) bridgePorts(upOnly bool) []string {
 	e.t.Helper()
 	br, err := netlink.LinkByName(e.bridge)
 	if err != nil {
@@ -186,7 +220,7 @@ func (e *env) hostVeths() []string {
 	}
 	var names []string
 	for _, l := range links {
-		if l.Attrs().MasterIndex == br.Attrs().Index {
+		if l.Attrs().MasterIndex == br.Attrs().Index && (!upOnly || l.Attrs().Flags&net.FlagUp != 0) {
 			names = append(names, l.Attrs().Name)
 		}
 	}
@@ -212,6 +246,13 @@ func podLinks(t *testing.T, path string) []string {
 	return names
 }
 
+// servers tracks listeners by pod namespace: an open socket keeps its
+// namespace (and so a disarmed veth pair) alive, as a running process would.
+var servers = struct {
+	sync.Mutex
+	byNS map[string][]net.Listener
+}{byNS: map[string][]net.Listener{}}
+
 // serve starts a TCP server inside the namespace at path (the node's own when
 // path is empty) that answers each line with "<name> saw <client address>".
 func serve(t *testing.T, path, name, addr string) {
@@ -228,6 +269,11 @@ func serve(t *testing.T, path, name, addr string) {
 		t.Fatalf("listening in %s: %v", path, err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	if path != "" {
+		servers.Lock()
+		servers.byNS[path] = append(servers.byNS[path], ln)
+		servers.Unlock()
+	}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -249,8 +295,19 @@ func serve(t *testing.T, path, name, addr string) {
 // exchange connects from the namespace at path (the node when empty) to dst,
 // sends a line and returns the answer.
 func exchange(path, dst string) (string, error) {
+	return exchangeTimeout(path, dst, 3*time.Second)
+}
+
+// unreachable reports whether a TCP exchange with dst fails; a cut-off peer
+// answers nothing, so a short timeout suffices.
+func unreachable(path, dst string) bool {
+	_, err := exchangeTimeout(path, dst, 300*time.Millisecond)
+	return err != nil
+}
+
+func exchangeTimeout(path, dst string, timeout time.Duration) (string, error) {
 	var c net.Conn
-	dial := func() (err error) { c, err = net.DialTimeout("tcp", dst, 3*time.Second); return err }
+	dial := func() (err error) { c, err = net.DialTimeout("tcp", dst, timeout); return err }
 	var err error
 	if path == "" {
 		err = dial()
@@ -261,7 +318,7 @@ func exchange(path, dst string) (string, error) {
 		return "", fmt.Errorf("dialing %s: %w", dst, err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(timeout))
 	if _, err := fmt.Fprintln(c, "hello"); err != nil {
 		return "", err
 	}

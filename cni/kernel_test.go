@@ -56,6 +56,7 @@ func TestAddCheckDel(t *testing.T) {
 			dstB := net.JoinHostPort(ipB.String(), "8080")
 			mustExchange(t, a.NetNS, dstB, "b saw "+ipA.String())
 			mustExchange(t, "", dstB, "b saw "+podGW)
+			serve(t, a.NetNS, "a2", ":8080") // answers the re-ADDed attachment below
 
 			if err := e.rt.Check(ctx, list, a); err != nil {
 				t.Fatalf("CHECK: %v", err)
@@ -68,15 +69,23 @@ func TestAddCheckDel(t *testing.T) {
 			e.del(list, a)
 			e.del(list, a)
 			e.del(list, b)
-			if v := e.hostVeths(); len(v) != 0 {
-				t.Fatalf("veths left on the bridge: %v", v)
+			if v := e.armedVeths(); len(v) != 0 {
+				t.Fatalf("attachments still up after DEL: %v", v)
 			}
-			if l := podLinks(t, a.NetNS); len(l) != 0 {
-				t.Fatalf("links left in pod a: %v", l)
+			if !unreachable("", dstB) || !unreachable(a.NetNS, net.JoinHostPort(podGW, "22")) {
+				t.Fatal("a deleted attachment still carries traffic")
 			}
 			if k := e.allocations("podnet"); len(k) != 0 {
 				t.Fatalf("allocations left: %v", k)
 			}
+
+			// ADD again into the same namespace, as after a failed sandbox start.
+			ipA2 := e.add(list, a)
+			mustExchange(t, a.NetNS, net.JoinHostPort(ipA2.String(), "8080"), "a2 saw "+ipA2.String())
+			e.del(list, a)
+			deletePod(t, a)
+			deletePod(t, b)
+			e.waitNoVeths()
 		})
 	}
 }
@@ -155,9 +164,7 @@ func TestDelAfterNetnsDeleted(t *testing.T) {
 	list := e.list("1.1.0", "podnet", e.weft(subnet(podCIDR)))
 	a := e.pod()
 	e.add(list, a)
-	if err := netnsutil.Delete(strings.TrimPrefix(a.NetNS, netnsutil.RunDir+"/")); err != nil {
-		t.Fatal(err)
-	}
+	deletePod(t, a)
 	if _, err := os.Stat(a.NetNS); !os.IsNotExist(err) {
 		t.Fatalf("netns %s still there: %v", a.NetNS, err)
 	}
@@ -166,7 +173,5 @@ func TestDelAfterNetnsDeleted(t *testing.T) {
 	if k := e.allocations("podnet"); len(k) != 0 {
 		t.Fatalf("allocations left after DEL of a deleted netns: %v", k)
 	}
-	if v := e.hostVeths(); len(v) != 0 {
-		t.Fatalf("veths left: %v", v)
-	}
+	e.waitNoVeths()
 }

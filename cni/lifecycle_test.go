@@ -123,6 +123,9 @@ func TestParallelAdds(t *testing.T) {
 	if k := e.allocations("par"); len(k) != 0 {
 		t.Fatalf("allocations left: %v", k)
 	}
+	if v := e.armedVeths(); len(v) != 0 {
+		t.Fatalf("attachments still up after DEL: %v", v)
+	}
 }
 
 // runPlugin executes the weft plugin directly, as a runtime would, and
