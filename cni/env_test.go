@@ -345,4 +345,3 @@ func cniCode(err error) uint {
 	}
 	return 0
 }
-
