@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/weftnet/weft/internal/cnitest"
+	"github.com/weftnet/weft/ipam"
 )
 
 // TestExhaustionStatusGC fills a /29, sees ADD and STATUS refuse, loses the
@@ -201,4 +203,35 @@ func pluginConf(t *testing.T, version, name string, plugin map[string]any) []byt
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestCorruptState: an unreadable store makes STATUS report 50 and ADD fail
+// with the file named, and nothing is wired; the state is never reset.
+func TestCorruptState(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.1.0", "corrupt", e.weft(subnet(podCIDR)))
+	e.add(list, e.pod())
+	dir, err := ipam.NetworkDir(e.dataDir, "corrupt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state.json")
+	if err := os.WriteFile(state, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := e.rt.Status(ctx, list); cniCode(err) != 50 {
+		t.Fatalf("STATUS with a corrupt store: got %v, want code 50", err)
+	}
+	p := e.pod()
+	_, err = e.rt.Add(ctx, list, p)
+	if err == nil || !strings.Contains(err.Error(), "state.json") {
+		t.Fatalf("ADD with a corrupt store: got %v, want an error naming state.json", err)
+	}
+	if l := podLinks(t, p.NetNS); len(l) != 0 {
+		t.Fatalf("ADD with a corrupt store wired the pod: %v", l)
+	}
+	if b, _ := os.ReadFile(state); string(b) != "{not json" {
+		t.Fatalf("the corrupt state was rewritten: %q", b)
+	}
 }

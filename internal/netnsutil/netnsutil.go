@@ -17,14 +17,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// isolatedEnv marks the re-executed child.
+// isolatedEnv marks the re-executed child; its value names the parent's
+// network namespace ("net:[inode]").
 const isolatedEnv = "WEFT_ISOLATED_NETNS"
 
 // RunDir is where named namespaces live (a private tmpfs once isolated).
 const RunDir = "/run/netns"
 
 // Isolated reports whether this process is the isolated child.
-func Isolated() bool { return os.Getenv(isolatedEnv) == "1" }
+func Isolated() bool { return os.Getenv(isolatedEnv) != "" }
+
+// ParentNetNS names the namespace the isolated child was started from.
+func ParentNetNS() string { return os.Getenv(isolatedEnv) }
 
 // Isolate makes sure the rest of the program runs in a private network and
 // mount namespace. In the parent it re-executes the program there, waits, and
@@ -38,8 +42,12 @@ func Isolate() (code int, reexeced bool, err error) {
 	if os.Geteuid() != 0 {
 		return 0, false, errors.New("network namespaces need root")
 	}
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return 0, false, err
+	}
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
-	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	cmd.Env = append(os.Environ(), isolatedEnv+"="+self)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// With CLONE_NEWNS, Go makes every mount private in the child first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
