@@ -46,17 +46,23 @@ func Del(args *skel.CmdArgs) error {
 	return nil
 }
 
-// disarmHostVeth sets a host-side veth down if it is still there.
-func disarmHostVeth(name string) error {
+// hostVeth returns the host-side veth of that name, or nil if there is none.
+func hostVeth(name string) (netlink.Link, error) {
 	link, err := netlink.LinkByName(name)
 	if err != nil {
 		if isNotFound(err) {
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("looking up %s: %w", name, err)
+		return nil, fmt.Errorf("looking up %s: %w", name, err)
 	}
-	if link.Attrs().Flags&net.FlagUp == 0 {
-		return nil
+	return link, nil
+}
+
+// disarmHostVeth sets a host-side veth down if it is still there.
+func disarmHostVeth(name string) error {
+	link, err := hostVeth(name)
+	if link == nil || link.Attrs().Flags&net.FlagUp == 0 {
+		return err
 	}
 	if err := netlink.LinkSetDown(link); err != nil && !isNotFound(err) {
 		return fmt.Errorf("setting %s down: %w", name, err)
@@ -68,15 +74,9 @@ func disarmHostVeth(name string) error {
 // same (container ID, ifname) if DEL left it disarmed, so that ADD can run
 // again, in the same namespace or in a new one.
 func removeDisarmed(name string) error {
-	link, err := netlink.LinkByName(name)
-	if err != nil {
-		if isNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("looking up %s: %w", name, err)
-	}
-	if link.Attrs().Flags&net.FlagUp != 0 {
-		return nil // an armed attachment: ADD will refuse to overwrite it
+	link, err := hostVeth(name)
+	if link == nil || link.Attrs().Flags&net.FlagUp != 0 {
+		return err // none, or an armed attachment ADD will refuse to overwrite
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
 		return fmt.Errorf("deleting disarmed %s: %w", name, err)

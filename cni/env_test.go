@@ -258,13 +258,7 @@ var servers = struct {
 func serve(t *testing.T, path, name, addr string) {
 	t.Helper()
 	var ln net.Listener
-	listen := func() (err error) { ln, err = net.Listen("tcp", addr); return err }
-	var err error
-	if path == "" {
-		err = listen()
-	} else {
-		err = netnsutil.Do(path, listen)
-	}
+	err := inNS(path, func() (err error) { ln, err = net.Listen("tcp", addr); return err })
 	if err != nil {
 		t.Fatalf("listening in %s: %v", path, err)
 	}
@@ -292,6 +286,14 @@ func serve(t *testing.T, path, name, addr string) {
 	}()
 }
 
+// inNS runs fn in the namespace at path, or in the node's when path is empty.
+func inNS(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	return netnsutil.Do(path, fn)
+}
+
 // exchange connects from the namespace at path (the node when empty) to dst,
 // sends a line and returns the answer.
 func exchange(path, dst string) (string, error) {
@@ -307,13 +309,7 @@ func unreachable(path, dst string) bool {
 
 func exchangeTimeout(path, dst string, timeout time.Duration) (string, error) {
 	var c net.Conn
-	dial := func() (err error) { c, err = net.DialTimeout("tcp", dst, timeout); return err }
-	var err error
-	if path == "" {
-		err = dial()
-	} else {
-		err = netnsutil.Do(path, dial)
-	}
+	err := inNS(path, func() (err error) { c, err = net.DialTimeout("tcp", dst, timeout); return err })
 	if err != nil {
 		return "", fmt.Errorf("dialing %s: %w", dst, err)
 	}

@@ -158,7 +158,9 @@ func dualPool() (*ipam.Pool, error) {
 	})
 }
 
-func allocateOnDisk(dir, id string) error {
+// allocateOnDisk allocates id in a DiskStore of its own on dir, then runs
+// then (if not nil) while still holding the store's lock.
+func allocateOnDisk(dir, id string, then func() error) error {
 	p, err := dualPool()
 	if err != nil {
 		return err
@@ -168,8 +170,10 @@ func allocateOnDisk(dir, id string) error {
 		return err
 	}
 	return s.Update(func(st *ipam.State) error {
-		_, err := p.Allocate(st, key(id))
-		return err
+		if _, err := p.Allocate(st, key(id)); err != nil || then == nil {
+			return err
+		}
+		return then()
 	})
 }
 
@@ -213,7 +217,7 @@ func TestDiskStoreConcurrentStores(t *testing.T) {
 		ids[i] = fmt.Sprint("goroutine-", i)
 		wg.Go(func() {
 			// Each goroutine opens its own store, like separate processes.
-			if err := allocateOnDisk(dir, ids[i]); err != nil {
+			if err := allocateOnDisk(dir, ids[i], nil); err != nil {
 				t.Error(err)
 			}
 		})

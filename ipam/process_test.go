@@ -37,7 +37,7 @@ func TestHelperProcess(t *testing.T) {
 	var err error
 	switch mode {
 	case "alloc":
-		err = allocateOnDisk(dir, id)
+		err = allocateOnDisk(dir, id, nil)
 	case "hold":
 		err = holdLock(dir, id, os.Getenv(envReady))
 	default:
@@ -54,18 +54,7 @@ func TestHelperProcess(t *testing.T) {
 // ready, then waits to be killed while holding the lock. If nobody kills
 // it, it gives up without saving.
 func holdLock(dir, id, ready string) error {
-	p, err := dualPool()
-	if err != nil {
-		return err
-	}
-	s, err := ipam.NewDiskStore(dir)
-	if err != nil {
-		return err
-	}
-	return s.Update(func(st *ipam.State) error {
-		if _, err := p.Allocate(st, key(id)); err != nil {
-			return err
-		}
+	return allocateOnDisk(dir, id, func() error {
 		if err := os.WriteFile(ready, nil, 0o600); err != nil {
 			return err
 		}
@@ -117,7 +106,7 @@ func TestMultiProcess(t *testing.T) {
 func TestKilledWhileLocked(t *testing.T) {
 	dir := t.TempDir()
 	for _, id := range []string{"before-1", "before-2"} {
-		if err := allocateOnDisk(dir, id); err != nil {
+		if err := allocateOnDisk(dir, id, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
