@@ -17,7 +17,7 @@ export WEFT_CNI_PATH := $(CNI_BIN)
 # know, and a static Go binary starts ~0.6 ms faster (no dynamic loader).
 export CGO_ENABLED := 0
 
-.PHONY: all deps build test test-unit bench lint clean
+.PHONY: all deps build kube lab lab-down test test-unit bench lint clean
 
 all: build
 
@@ -30,12 +30,25 @@ build:
 	@cp $(BIN)/weft-cni $(CNI_BIN)/weft
 	$(GO) build -trimpath -ldflags '-s -w' -o $(CNI_BIN)/ $(REF_PLUGINS)
 
+# Upstream control plane (kube-apiserver, kube-controller-manager, kube-proxy,
+# kubectl) from hack/tools/go.mod; only rebuilt when missing or bumped.
+kube:
+	@bash hack/build-kube.sh
+
+# The main job: a 3-node cluster of network namespaces (see docs/lab.md).
+LAB_FLAGS ?= --nodes 3 --routing hostgw
+lab: deps build kube
+	$(BIN)/weftctl lab up $(LAB_FLAGS)
+
+lab-down:
+	$(BIN)/weftctl lab down
+
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 
 # Everything: pure, kernel (private network namespaces) and, later, lab tests.
-test: deps build lint
+test: deps build kube lint
 	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 20m ./...
 
 # Pure tests only: no root, no kernel.

@@ -1,6 +1,6 @@
 module github.com/weftnet/weft
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/alexflint/go-filemutex v1.3.0 // indirect
@@ -10,10 +10,14 @@ require (
 	github.com/mattn/go-shellwords v1.0.12 // indirect
 	github.com/networkplumbing/go-nft v0.4.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/safchain/ethtool v0.6.2 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
-	golang.org/x/sys v0.35.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	k8s.io/api v0.36.3 // indirect
+	k8s.io/apimachinery v0.36.3 // indirect
+	k8s.io/client-go v0.36.3 // indirect
 	sigs.k8s.io/knftables v0.0.18 // indirect
 )
 

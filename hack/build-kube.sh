@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the upstream Kubernetes control-plane binaries that weft's tests run
-# against -- bin/kube-apiserver, bin/kube-controller-manager, bin/kube-proxy --
+# against -- bin/kube-apiserver, bin/kube-controller-manager, bin/kube-proxy, bin/kubectl --
 # from the Go modules pinned in hack/tools/go.mod.
 #
 # Builds only what is needed: every binary when the Kubernetes version in
@@ -19,7 +19,7 @@ TOOLS=$ROOT/hack/tools
 BIN=$ROOT/bin
 STAMP=$BIN/.kube-version
 GO=${GO:-go}
-BINARIES=(kube-apiserver kube-controller-manager kube-proxy)
+BINARIES=(kube-apiserver kube-controller-manager kube-proxy kubectl)
 
 # The tools module stands alone: no go.work, no go.mod/go.sum edits at build
 # time, static binaries.

@@ -8,6 +8,7 @@ packages=(
 	iptables   # the reference portmap plugin; later the iptables proxy backend
 	nftables   # nft: portmap's nftables backend and the nftables proxy backend
 	util-linux # unshare, flock
+	etcd-server # the lab control plane's store
 )
 
 missing=()

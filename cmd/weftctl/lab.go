@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+)
+
+func newFlags(name string) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("weftctl lab "+name, flag.ContinueOnError)
+	dir := fs.String("dir", lab.DefaultDir, "lab state directory")
+	return fs, dir
+}
+
+func labUp(args []string) error {
+	fs, dir := newFlags("up")
+	nodes := fs.Int("nodes", 3, "number of nodes")
+	routing := fs.String("routing", "hostgw", "cross-node routing: hostgw or vxlan")
+	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return lab.Up(ctx, lab.Options{
+		Nodes: *nodes, Routing: *routing, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+	})
+}
+
+func labDown(args []string) error {
+	fs, dir := newFlags("down")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return lab.Down(*dir)
+}
+
+func labStatus(args []string) error {
+	fs, dir := newFlags("status")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	st, err := lab.Load(*dir)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("lab in %s: %d nodes, routing %s, up since %s\nKUBECONFIG=%s\n\n",
+		*dir, st.Nodes, st.Routing, st.Started.Format("15:04:05"), lab.AdminKubeconfig(*dir))
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "MEMBER\tNAMESPACE\tADDRESS")
+	for _, m := range st.Members {
+		fmt.Fprintf(w, "%s\t%s\t%s\n", m.Name, m.NS, m.IP)
+	}
+	fmt.Fprintln(w, "\nPROCESS\tPID\tSTATE\tLOG")
+	down := 0
+	for _, p := range lab.Procs(*dir) {
+		state := "running"
+		if !p.Running {
+			state, down = "DEAD", down+1
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", p.Name, p.PID, state, p.Log)
+	}
+	w.Flush()
+	if down > 0 {
+		return fmt.Errorf("%d lab processes are not running", down)
+	}
+	return nil
+}
+
+func labExec(args []string) error {
+	fs, dir := newFlags("exec")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) < 3 || rest[1] != "--" {
+		return errors.New("usage: weftctl lab exec NODE -- CMD [ARGS...]")
+	}
+	st, err := lab.Load(*dir)
+	if err != nil {
+		return err
+	}
+	var path string
+	for _, m := range st.Members {
+		if m.Name == rest[0] {
+			path = m.NSPath()
+		}
+	}
+	if path == "" {
+		return fmt.Errorf("no lab member named %q", rest[0])
+	}
+	cmd := exec.Command(rest[2], rest[3:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+lab.AdminKubeconfig(*dir))
+	err = netnsutil.Do(path, cmd.Run)
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		os.Exit(exit.ExitCode())
+	}
+	return err
+}
+
+// labForward is the lab's API forwarder daemon (started by lab up).
+func labForward(args []string) error {
+	fs := flag.NewFlagSet("weftctl lab forward", flag.ContinueOnError)
+	ns := fs.String("ns", "", "namespace to dial from")
+	listen := fs.String("listen", "", "address to listen on (host loopback)")
+	to := fs.String("to", "", "address to dial inside the namespace")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	dial := lab.DialInNS(*ns)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			up, err := dial(context.Background(), "tcp", *to)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "forward:", err)
+				return
+			}
+			defer up.Close()
+			done := make(chan struct{}, 2)
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				if tc, ok := dst.(*net.TCPConn); ok {
+					_ = tc.CloseWrite()
+				}
+				done <- struct{}{}
+			}
+			go pipe(up, c)
+			go pipe(c, up)
+			<-done
+			<-done
+		}()
+	}
+}

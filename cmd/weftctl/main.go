@@ -1,0 +1,39 @@
+// Command weftctl is weft's operator CLI. Today it runs the lab:
+//
+//	weftctl lab up [--nodes N] [--routing hostgw|vxlan] [--dir DIR]
+//	weftctl lab status [--dir DIR]
+//	weftctl lab exec NODE -- CMD [ARGS...]
+//	weftctl lab down [--dir DIR]
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `usage: weftctl lab up|down|status|exec ...
+
+  lab up      [--nodes N] [--routing hostgw|vxlan] [--dir DIR] [--api-port PORT]
+  lab down    [--dir DIR]
+  lab status  [--dir DIR]
+  lab exec    [--dir DIR] NODE -- CMD [ARGS...]   run CMD in a node's (or cp, ext) network namespace
+`
+
+func main() {
+	if len(os.Args) < 3 || os.Args[1] != "lab" {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	cmds := map[string]func([]string) error{
+		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward,
+	}
+	run, ok := cmds[os.Args[2]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "weftctl lab: unknown command %q\n%s", os.Args[2], usage)
+		os.Exit(2)
+	}
+	if err := run(os.Args[3:]); err != nil {
+		fmt.Fprintln(os.Stderr, "weftctl lab "+os.Args[2]+":", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,174 @@
+package lab
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab/pki"
+)
+
+// kubernetesServiceIP is the first address of the service range: the
+// "kubernetes" Service's ClusterIP, which the API server's certificate names.
+var kubernetesServiceIP = netip.MustParseAddr("10.96.0.1")
+
+// identities the control plane and the nodes use, and their groups.
+const (
+	adminUser         = "weft-lab-admin"
+	controllerManager = "system:kube-controller-manager"
+	// AgentGroup is the group of every weft-agent identity; deploy/rbac.yaml
+	// binds the weft-agent ClusterRole to it.
+	AgentGroup = "weft:agents"
+)
+
+// issueCerts writes the lab's PKI into dir/pki and the kubeconfigs into dir.
+func issueCerts(dir string, nodes []Member, apiPort int) error {
+	pkiDir := filepath.Join(dir, "pki")
+	if err := os.MkdirAll(pkiDir, 0o700); err != nil {
+		return err
+	}
+	ca, err := pki.NewCA("weft-lab-ca")
+	if err != nil {
+		return err
+	}
+	if err := pki.WritePair(pkiDir, "ca", ca.Cert, ca.Key); err != nil {
+		return err
+	}
+	server, err := ca.Issue(pki.Leaf{
+		CommonName: "kube-apiserver", Server: true,
+		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		IPs:      []net.IP{net.IPv4(127, 0, 0, 1), ControlIP.AsSlice(), kubernetesServiceIP.AsSlice()},
+	})
+	if err != nil {
+		return err
+	}
+	if err := pki.WritePair(pkiDir, "apiserver", server.Cert, server.Key); err != nil {
+		return err
+	}
+	sa, err := ca.Issue(pki.Leaf{CommonName: "service-accounts"})
+	if err != nil {
+		return err
+	}
+	if err := pki.WritePair(pkiDir, "sa", sa.Cert, sa.Key); err != nil {
+		return err
+	}
+	saPub, err := pki.PublicKeyPEM(sa.Key)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(pkiDir, "sa.pub"), saPub, 0o644); err != nil {
+		return err
+	}
+
+	inLab := fmt.Sprintf("https://%s:%d", ControlIP, APIServerPort)
+	type client struct {
+		file, cn, server string
+		groups           []string
+	}
+	clients := []client{
+		{"admin", adminUser, fmt.Sprintf("https://127.0.0.1:%d", apiPort), []string{"system:masters"}},
+		{"controller-manager", controllerManager, inLab, nil},
+	}
+	for _, n := range nodes {
+		clients = append(clients,
+			client{n.Name + "-agent", "weft-agent:" + n.Name, inLab, []string{AgentGroup}},
+			client{n.Name + "-kubelet", "system:node:" + n.Name, inLab, []string{"system:nodes"}},
+		)
+	}
+	for _, c := range clients {
+		pair, err := ca.Issue(pki.Leaf{CommonName: c.cn, Organization: c.groups})
+		if err != nil {
+			return err
+		}
+		if err := writeKubeconfig(filepath.Join(dir, c.file+".kubeconfig"), c.server, ca.Cert, pair); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// controlPlane returns the control-plane daemons, all in the cp namespace.
+func controlPlane(dir, binDir string) []Proc {
+	p := func(name string) string { return filepath.Join(dir, "pki", name) }
+	ns := netnsutil.RunDir + "/" + ControlNS
+	return []Proc{
+		{Name: "etcd", NS: ns, Args: []string{"etcd",
+			"--data-dir", filepath.Join(dir, "etcd"),
+			"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+			"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+			"--initial-cluster", "default=http://127.0.0.1:2380", "--log-level", "warn",
+		}},
+		{Name: "kube-apiserver", NS: ns, Args: []string{filepath.Join(binDir, "kube-apiserver"),
+			"--etcd-servers", "http://127.0.0.1:2379",
+			"--advertise-address", ControlIP.String(), "--bind-address", "0.0.0.0", "--secure-port", strconv.Itoa(APIServerPort),
+			"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"), "--client-ca-file", p("ca.crt"),
+			"--service-cluster-ip-range", ServiceCIDR,
+			"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+			"--disable-admission-plugins", "ServiceAccount",
+			"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
+			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+			"--allow-privileged", "--profiling=false", "--v", "1",
+		}},
+		{Name: "kube-controller-manager", NS: ns, Args: []string{filepath.Join(binDir, "kube-controller-manager"),
+			"--kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
+			"--authentication-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
+			"--authorization-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
+			"--use-service-account-credentials", "--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
+			"--allocate-node-cidrs", "--cluster-cidr", ClusterCIDR, "--node-cidr-mask-size", "24",
+			"--service-cluster-ip-range", ServiceCIDR,
+			// The lab's mini-kubelets keep their nodes Ready themselves.
+			"--controllers", "*,-nodelifecycle", "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
+		}},
+	}
+}
+
+// waitAPIServer polls /readyz from inside the control-plane namespace.
+func waitAPIServer(ctx context.Context, dir string) error {
+	caPEM, err := os.ReadFile(filepath.Join(dir, "pki", "ca.crt"))
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool},
+		DialContext:     DialInNS(netnsutil.RunDir + "/" + ControlNS),
+	}}
+	url := fmt.Sprintf("https://%s:%d/readyz", ControlIP, APIServerPort)
+	for {
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-apiserver not ready (see %s): %w", logPath(dir, "kube-apiserver"), ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// DialInNS returns a dialer whose sockets live in the namespace at path.
+func DialInNS(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := netnsutil.Do(path, func() (err error) {
+			var d net.Dialer
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+}
