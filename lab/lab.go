@@ -28,8 +28,8 @@ type Options struct {
 	Nodes   int
 	Routing string // "hostgw" or "vxlan"
 	Dir     string
-	BinDir  string // kube-apiserver, kube-controller-manager, weftctl
-	APIPort int    // the admin kubeconfig's port on the host's loopback
+	BinDir  string    // kube-apiserver, kube-controller-manager, weftctl
+	APIPort int       // the admin kubeconfig's port on the host's loopback
 	Out     io.Writer `json:"-"`
 }
 

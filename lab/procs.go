@@ -143,4 +143,3 @@ func pidsInNamespaces(paths []string) ([]int, error) {
 	}
 	return pids, nil
 }
-
