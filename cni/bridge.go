@@ -60,6 +60,21 @@ func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
 	return created, nil
 }
 
+// EnsureBridge makes sure the node bridge exists, is up and carries the
+// gateway address of each pod CIDR (e.g. 10.244.1.1/24). weft-agent calls it
+// so that the node can route to its pods before the first pod starts.
+func EnsureBridge(name string, mtu int, gateways []netip.Prefix) error {
+	br, err := ensureBridge(name, mtu)
+	if err != nil {
+		return err
+	}
+	leases := make([]ipam.Lease, len(gateways))
+	for i, gw := range gateways {
+		leases[i] = ipam.Lease{Address: gw, Gateway: gw.Addr()}
+	}
+	return ensureGateways(br, leases)
+}
+
 // ensureGateways puts each lease's gateway on the bridge, with the lease's
 // prefix length, unless it is already there.
 func ensureGateways(br *netlink.Bridge, leases []ipam.Lease) error {

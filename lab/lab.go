@@ -17,11 +17,15 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/weftnet/weft/deploy"
 	"github.com/weftnet/weft/internal/netnsutil"
 )
 
 // DefaultDir is where a lab keeps its state, logs and kubeconfigs.
 const DefaultDir = "/var/lib/weft-lab"
+
+// AgentPort is weft-agent's /healthz and /metrics port on every lab node.
+const AgentPort = 9876
 
 // Options configure Up.
 type Options struct {
@@ -108,8 +112,54 @@ func Up(ctx context.Context, o Options) (err error) {
 	if _, err := start(o.Dir, forwarder(o)); err != nil {
 		return err
 	}
+	client, err := Client(AdminKubeconfig(o.Dir))
+	if err != nil {
+		return err
+	}
+	step("RBAC from deploy/rbac.yaml")
+	if err := applyManifests(waitCtx, client, deploy.RBAC); err != nil {
+		return err
+	}
+	step("weft-agent and kubelet on %d nodes (routing %s), external workload", o.Nodes, o.Routing)
+	for _, p := range nodeDaemons(o, members) {
+		if _, err := start(o.Dir, p); err != nil {
+			return err
+		}
+	}
+	if err := waitNodesReady(waitCtx, client, nodesOf(members)); err != nil {
+		return err
+	}
 	step("lab up: export KUBECONFIG=%s", AdminKubeconfig(o.Dir))
 	return nil
+}
+
+// NodeDir is a node's own state directory (CNI config, IPAM, pods, logs).
+func NodeDir(dir, node string) string { return filepath.Join(dir, "nodes", node) }
+
+// CNIBinDir is where the lab's nodes find the CNI plugins.
+func CNIBinDir(binDir string) string { return filepath.Join(binDir, "cni") }
+
+// nodeDaemons are the per-node processes and the external host's workload.
+func nodeDaemons(o Options, members []Member) []Proc {
+	procs := []Proc{{Name: "ext-workload", NS: netnsutil.RunDir + "/" + ExternalNS, Args: []string{
+		filepath.Join(o.BinDir, "weft-workload"), "--name", "external",
+	}}}
+	for _, n := range nodesOf(members) {
+		nd := NodeDir(o.Dir, n.Name)
+		procs = append(procs,
+			Proc{Name: n.Name + "-agent", NS: n.NSPath(), Args: []string{
+				filepath.Join(o.BinDir, "weft-agent"),
+				"--kubeconfig", filepath.Join(o.Dir, n.Name+"-agent.kubeconfig"), "--node-name", n.Name,
+				"--routing", o.Routing, "--cluster-cidr", ClusterCIDR, "--resync", "10s",
+				"--cni-conf-dir", filepath.Join(nd, "net.d"), "--ipam-data-dir", filepath.Join(nd, "ipam"),
+				"--healthz-addr", fmt.Sprintf(":%d", AgentPort),
+			}},
+			Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Args: []string{
+				filepath.Join(o.BinDir, "weftctl"), "lab", "kubelet", "--dir", o.Dir, "--node", n.Name,
+			}},
+		)
+	}
+	return procs
 }
 
 // forwarder is the daemon that makes the API server reachable from the

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/lab/kubelet"
 )
 
 func newFlags(name string) (*flag.FlagSet, *string) {
@@ -157,4 +159,35 @@ func labForward(args []string) error {
 			<-done
 		}()
 	}
+}
+
+// labKubelet is a node's mini-kubelet daemon (started by lab up).
+func labKubelet(args []string) error {
+	fs, dir := newFlags("kubelet")
+	node := fs.String("node", "", "node name")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	st, err := lab.Load(*dir)
+	if err != nil {
+		return err
+	}
+	var me *lab.Member
+	for i, m := range st.Members {
+		if m.Name == *node {
+			me = &st.Members[i]
+		}
+	}
+	if me == nil {
+		return fmt.Errorf("--node: no lab node named %q", *node)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	nd := lab.NodeDir(*dir, me.Name)
+	return kubelet.Run(ctx, kubelet.Options{
+		Node: me.Name, NodeIP: me.IP, Kubeconfig: filepath.Join(*dir, me.Name+"-kubelet.kubeconfig"),
+		StateDir: nd, NSPrefix: lab.NSPrefix, CNIConfDir: filepath.Join(nd, "net.d"),
+		CNIBinDir: lab.CNIBinDir(st.BinDir), WorkloadBin: filepath.Join(st.BinDir, "weft-workload"),
+		Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+	})
 }

@@ -25,7 +25,7 @@ func main() {
 		os.Exit(2)
 	}
 	cmds := map[string]func([]string) error{
-		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward,
+		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward, "kubelet": labKubelet,
 	}
 	run, ok := cmds[os.Args[2]]
 	if !ok {

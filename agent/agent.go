@@ -1,0 +1,296 @@
+// Package agent is weft-agent's node networking loop: from the Node objects
+// it computes the node's CNI configuration, masquerade rules and cross-node
+// routes (host-gw or VXLAN) and applies them, on every change and on a
+// periodic resync that repairs drift.
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/weftnet/weft/cni"
+	"github.com/weftnet/weft/routing"
+)
+
+// Options configure the agent.
+type Options struct {
+	NodeName     string
+	Routing      routing.Mode
+	ClusterCIDRs []netip.Prefix
+	CNIConfDir   string
+	IPAMDataDir  string
+	Bridge       string
+	MTU          int // 0: derived from the underlay link and the routing mode
+	Resync       time.Duration
+	Log          *slog.Logger
+}
+
+// Agent programs one node.
+type Agent struct {
+	opts     Options
+	client   kubernetes.Interface
+	nodes    listers.NodeLister
+	trigger  chan struct{}
+	routes   *routing.Reconciler
+	metrics  *metrics
+	lastGood atomic.Int64 // unix nanos of the last fully successful sync
+	masq     string       // last applied masquerade payload
+	ready    bool         // NetworkUnavailable cleared
+}
+
+// New returns an agent using client.
+func New(client kubernetes.Interface, o Options) *Agent {
+	if o.Resync == 0 {
+		o.Resync = 30 * time.Second
+	}
+	if o.Bridge == "" {
+		o.Bridge = cni.DefaultBridge
+	}
+	return &Agent{opts: o, client: client, trigger: make(chan struct{}, 1), routes: routing.NewReconciler(), metrics: newMetrics()}
+}
+
+// Run watches Nodes and syncs the node until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactory(a.client, 0)
+	inf := factory.Core().V1().Nodes()
+	a.nodes = inf.Lister()
+	poke := func(any) { a.poke() }
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: poke, UpdateFunc: func(_, n any) { a.poke() }, DeleteFunc: poke,
+	}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return ctx.Err()
+	}
+	tick := time.NewTicker(a.opts.Resync)
+	defer tick.Stop()
+	a.poke()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.trigger:
+		case <-tick.C:
+		}
+		start := time.Now()
+		err := a.sync(ctx)
+		a.metrics.observe(time.Since(start), err)
+		if err != nil {
+			a.opts.Log.Error("sync failed", "node", a.opts.NodeName, "err", err)
+			continue
+		}
+		a.lastGood.Store(time.Now().UnixNano())
+	}
+}
+
+func (a *Agent) poke() {
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Healthy reports whether a sync succeeded within three resync periods.
+func (a *Agent) Healthy() bool {
+	last := a.lastGood.Load()
+	return last != 0 && time.Since(time.Unix(0, last)) < 3*a.opts.Resync
+}
+
+func (a *Agent) sync(ctx context.Context) error {
+	self, err := a.nodes.Get(a.opts.NodeName)
+	if err != nil {
+		return fmt.Errorf("own node %s: %w", a.opts.NodeName, err)
+	}
+	me, errs := RoutingNode(self)
+	for _, e := range errs {
+		a.opts.Log.Warn("skipping field of own node", "node", e.Node, "field", e.Field, "err", e.Err)
+	}
+	if len(me.PodCIDRs) == 0 {
+		a.opts.Log.Info("waiting for a podCIDR", "node", a.opts.NodeName)
+		return nil
+	}
+	mtu, err := a.mtu(me)
+	if err != nil {
+		return err
+	}
+	if err := a.writeCNIConfig(me.PodCIDRs, mtu); err != nil {
+		return err
+	}
+	if err := cni.EnsureBridge(a.opts.Bridge, mtu, Gateways(me.PodCIDRs)); err != nil {
+		return fmt.Errorf("bridge %s: %w", a.opts.Bridge, err)
+	}
+	if err := a.ensureMasquerade(); err != nil {
+		return err
+	}
+	if a.opts.Routing == routing.ModeVXLAN {
+		if err := a.publishVTEPMAC(ctx, self); err != nil {
+			return err
+		}
+	}
+	if err := a.syncRoutes(me); err != nil {
+		return err
+	}
+	if !a.ready {
+		if err := a.clearNetworkUnavailable(ctx); err != nil {
+			return err
+		}
+		a.ready = true
+	}
+	return nil
+}
+
+func (a *Agent) syncRoutes(me routing.Node) error {
+	all, err := a.nodes.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	nodes := make([]routing.Node, 0, len(all))
+	for _, n := range all {
+		rn, errs := RoutingNode(n)
+		for _, e := range errs {
+			a.opts.Log.Warn("skipping field of node", "node", e.Node, "field", e.Field, "err", e.Err)
+		}
+		nodes = append(nodes, rn)
+	}
+	desired, nerrs := routing.Compute(routing.Config{Mode: a.opts.Routing, Self: me}, nodes)
+	for _, e := range nerrs {
+		a.opts.Log.Warn("skipping node", "node", e.Node, "field", e.Field, "err", e.Err)
+	}
+	a.metrics.routes.Set(float64(len(desired.Routes)))
+	if err := a.routes.Apply(desired); err != nil {
+		return fmt.Errorf("routes: %w", err)
+	}
+	return nil
+}
+
+// mtu is the pods' MTU: the underlay link's minus the encapsulation.
+func (a *Agent) mtu(me routing.Node) (int, error) {
+	if a.opts.MTU > 0 {
+		return a.opts.MTU, nil
+	}
+	if len(me.InternalIPs) == 0 {
+		return 0, fmt.Errorf("own node %s has no InternalIP", me.Name)
+	}
+	link, err := linkWithAddr(me.InternalIPs[0])
+	if err != nil {
+		return 0, err
+	}
+	mtu := link.Attrs().MTU
+	if a.opts.Routing == routing.ModeVXLAN {
+		mtu -= routing.OverheadIPv4
+		if me.InternalIPs[0].Is6() {
+			mtu += routing.OverheadIPv4 - routing.OverheadIPv6
+		}
+	}
+	return mtu, nil
+}
+
+func linkWithAddr(ip netip.Addr) (netlink.Link, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, err
+	}
+	for _, ad := range addrs {
+		if ad.IP.Equal(net.IP(ip.AsSlice())) {
+			return netlink.LinkByIndex(ad.LinkIndex)
+		}
+	}
+	return nil, fmt.Errorf("no link carries the node address %s", ip)
+}
+
+// writeCNIConfig writes the conflist atomically, only when it changed.
+func (a *Agent) writeCNIConfig(cidrs []netip.Prefix, mtu int) error {
+	data, err := RenderConflist(CNIConfig{Bridge: a.opts.Bridge, MTU: mtu, PodCIDRs: cidrs, DataDir: a.opts.IPAMDataDir})
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(a.opts.CNIConfDir, "10-weft.conflist")
+	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
+		return nil
+	}
+	if err := os.MkdirAll(a.opts.CNIConfDir, 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	a.opts.Log.Info("wrote CNI configuration", "path", path, "podCIDRs", cidrs, "mtu", mtu)
+	return nil
+}
+
+// ensureMasquerade installs the agent's chains and the jumps to them. The
+// chains are rewritten on every sync (cheap, and it repairs drift); the
+// jumps are added only when missing. Nothing else is touched.
+func (a *Agent) ensureMasquerade() error {
+	var v4 []netip.Prefix
+	for _, c := range a.opts.ClusterCIDRs {
+		if c.Addr().Is4() {
+			v4 = append(v4, c)
+		}
+	}
+	if len(v4) == 0 {
+		return nil
+	}
+	payload := MasqueradeRules(v4)
+	cmd := exec.Command("iptables-restore", "--noflush", "-w", "5")
+	cmd.Stdin = bytes.NewReader([]byte(payload))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables-restore of the masquerade chains: %w: %s", err, out)
+	}
+	for _, j := range [][]string{
+		{"-t", "nat", "POSTROUTING", "-m", "comment", "--comment", "weft masquerade", "-j", "WEFT-POSTROUTING"},
+		{"-t", "filter", "FORWARD", "-m", "comment", "--comment", "weft forward", "-j", "WEFT-FORWARD"},
+	} {
+		check := append([]string{"-w", "5", j[0], j[1], "-C"}, j[2:]...)
+		if exec.Command("iptables", check...).Run() == nil {
+			continue
+		}
+		add := append([]string{"-w", "5", j[0], j[1], "-A"}, j[2:]...)
+		if out, err := exec.Command("iptables", add...).CombinedOutput(); err != nil {
+			return fmt.Errorf("adding the jump to %s: %w: %s", j[len(j)-1], err, out)
+		}
+	}
+	if payload != a.masq {
+		a.opts.Log.Info("masquerade rules applied", "clusterCIDRs", v4)
+		a.masq = payload
+	}
+	return nil
+}
+
+// Cleanup removes what the agent installed on the node.
+func (a *Agent) Cleanup() error {
+	var errs []error
+	if err := a.routes.Cleanup(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, j := range [][]string{{"nat", "POSTROUTING", "weft masquerade", "WEFT-POSTROUTING"}, {"filter", "FORWARD", "weft forward", "WEFT-FORWARD"}} {
+		_ = exec.Command("iptables", "-w", "5", "-t", j[0], "-D", j[1], "-m", "comment", "--comment", j[2], "-j", j[3]).Run()
+		_ = exec.Command("iptables", "-w", "5", "-t", j[0], "-F", j[3]).Run()
+		_ = exec.Command("iptables", "-w", "5", "-t", j[0], "-X", j[3]).Run()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,198 @@
+package routing
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+// ensureDevice makes weft's VXLAN device match want and returns its index.
+// What the kernel can change on a live device (MTU, MAC, learning, alias,
+// addresses, up) is fixed in place; a device with another VNI, port or
+// local address is deleted and created again; a link of that name that is
+// not a VXLAN device is not weft's and is left alone.
+func (s *session) ensureDevice(want VXLANDevice) (int, error) {
+	fail := func(err error) (int, error) { return 0, fmt.Errorf("vxlan device %s: %w", want.Name, err) }
+	mtu := want.MTU
+	if mtu == 0 {
+		under, err := s.underlayMTU(want.Local)
+		if err != nil {
+			return fail(err)
+		}
+		mtu = under - overhead(want.Local)
+	}
+	l, err := s.h.LinkByName(want.Name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		if l, err = s.createDevice(want, mtu); err != nil {
+			return fail(err)
+		}
+	case err != nil:
+		return fail(err)
+	}
+	v, ok := l.(*netlink.Vxlan)
+	if !ok {
+		return fail(fmt.Errorf("a %s link of that name exists and is not weft's", l.Type()))
+	}
+	if v.VxlanId != int(want.VNI) || v.Port != int(want.Port) || !v.SrcAddr.Equal(net.IP(want.Local.AsSlice())) {
+		if err := s.h.LinkDel(v); err != nil {
+			return fail(fmt.Errorf("deleting it to change vni/port/local: %w", err))
+		}
+		if l, err = s.createDevice(want, mtu); err != nil {
+			return fail(err)
+		}
+		v = l.(*netlink.Vxlan)
+	}
+	var errs []error
+	if v.Alias != DeviceAlias {
+		errs = append(errs, wrap("setting alias", s.h.LinkSetAlias(v, DeviceAlias)))
+	}
+	if v.Learning {
+		errs = append(errs, wrap("turning learning off", setLearning(v.Index, false)))
+	}
+	if v.MTU != mtu {
+		errs = append(errs, wrap(fmt.Sprintf("setting mtu %d", mtu), s.h.LinkSetMTU(v, mtu)))
+	}
+	if !bytes.Equal(v.HardwareAddr, want.MAC) {
+		errs = append(errs, wrap("setting mac "+want.MAC.String(), s.h.LinkSetHardwareAddr(v, want.MAC)))
+	}
+	errs = append(errs, s.syncAddrs(v, want.Addrs)...)
+	if v.Flags&net.FlagUp == 0 {
+		errs = append(errs, wrap("setting it up", s.h.LinkSetUp(v)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fail(err)
+	}
+	return v.Index, nil
+}
+
+func (s *session) createDevice(want VXLANDevice, mtu int) (netlink.Link, error) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU, attrs.HardwareAddr, attrs.Alias = want.Name, mtu, want.MAC, DeviceAlias
+	v := &netlink.Vxlan{
+		LinkAttrs: attrs,
+		VxlanId:   int(want.VNI),
+		SrcAddr:   want.Local.AsSlice(),
+		Port:      int(want.Port),
+		Learning:  false,
+	}
+	if err := s.h.LinkAdd(v); err != nil {
+		return nil, fmt.Errorf("creating it: %w", err)
+	}
+	return s.h.LinkByName(want.Name)
+}
+
+// underlayMTU is the MTU of the link that holds the local address.
+func (s *session) underlayMTU(local netip.Addr) (int, error) {
+	fam := unix.AF_INET
+	if local.Is6() {
+		fam = unix.AF_INET6
+	}
+	addrs, err := dump("addresses", func() ([]netlink.Addr, error) { return s.h.AddrList(nil, fam) })
+	if err != nil {
+		return 0, err
+	}
+	for _, a := range addrs {
+		if a.IP.Equal(local.AsSlice()) {
+			l, err := s.h.LinkByIndex(a.LinkIndex)
+			if err != nil {
+				return 0, fmt.Errorf("underlay link of %s: %w", local, err)
+			}
+			return l.Attrs().MTU, nil
+		}
+	}
+	return 0, fmt.Errorf("no link holds the local address %s: %w", local, ErrMissing)
+}
+
+// syncAddrs gives the device exactly the addresses want, leaving the
+// kernel's link-local ones alone.
+func (s *session) syncAddrs(l netlink.Link, want []netip.Prefix) []error {
+	have, err := dump("addresses of "+l.Attrs().Name, func() ([]netlink.Addr, error) {
+		return s.h.AddrList(l, netlink.FAMILY_ALL)
+	})
+	if err != nil {
+		return []error{err}
+	}
+	wanted := map[netip.Prefix]bool{}
+	for _, p := range want {
+		wanted[p] = true
+	}
+	var errs []error
+	for _, a := range have {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		ones, _ := a.Mask.Size()
+		p := netip.PrefixFrom(ip.Unmap(), ones)
+		switch {
+		case wanted[p]:
+			delete(wanted, p)
+		case ip.IsLinkLocalUnicast():
+		default:
+			errs = append(errs, wrap("deleting address "+p.String(), s.h.AddrDel(l, &a)))
+		}
+	}
+	for _, p := range want {
+		if !wanted[p] {
+			continue
+		}
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD // a single owner by construction; no DAD delay
+		}
+		errs = append(errs, wrap("adding address "+p.String(), s.h.AddrAdd(l, a)))
+	}
+	return errs
+}
+
+// deleteDevices deletes weft's VXLAN devices except the one named keep.
+func (s *session) deleteDevices(keep string) []error {
+	links, err := dump("links", s.h.LinkList)
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	for _, l := range links {
+		if _, ok := l.(*netlink.Vxlan); ok && l.Attrs().Alias == DeviceAlias && l.Attrs().Name != keep {
+			if err := s.h.LinkDel(l); err != nil {
+				errs = append(errs, fmt.Errorf("deleting vxlan device %s: %w", l.Attrs().Name, err))
+			}
+		}
+	}
+	return errs
+}
+
+// setLearning changes the learning flag of a live VXLAN device. The
+// netlink library's LinkModify would resend every VXLAN attribute, and the
+// kernel refuses to change most of them on a live device, so the request
+// carries this one attribute only.
+func setLearning(index int, on bool) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("vxlan"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	flag := []byte{0}
+	if on {
+		flag[0] = 1
+	}
+	data.AddRtAttr(nl.IFLA_VXLAN_LEARNING, flag)
+	req.AddData(info)
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
+}
+
+// wrap adds context to a non-nil error.
+func wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
