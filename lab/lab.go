@@ -89,7 +89,7 @@ func Up(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	step("certificates and kubeconfigs")
-	if err := issueCerts(o.Dir, nodesOf(members), o.APIPort); err != nil {
+	if err := issueCerts(o.Dir, NodeMembers(members), o.APIPort); err != nil {
 		return err
 	}
 	cp := controlPlane(o.Dir, o.BinDir)
@@ -126,7 +126,7 @@ func Up(ctx context.Context, o Options) (err error) {
 			return err
 		}
 	}
-	if err := waitNodesReady(waitCtx, client, nodesOf(members)); err != nil {
+	if err := waitNodesReady(waitCtx, client, NodeMembers(members)); err != nil {
 		return err
 	}
 	step("lab up: export KUBECONFIG=%s", AdminKubeconfig(o.Dir))
@@ -144,7 +144,7 @@ func nodeDaemons(o Options, members []Member) []Proc {
 	procs := []Proc{{Name: "ext-workload", NS: netnsutil.RunDir + "/" + ExternalNS, Args: []string{
 		filepath.Join(o.BinDir, "weft-workload"), "--name", "external",
 	}}}
-	for _, n := range nodesOf(members) {
+	for _, n := range NodeMembers(members) {
 		nd := NodeDir(o.Dir, n.Name)
 		procs = append(procs,
 			Proc{Name: n.Name + "-agent", NS: n.NSPath(), Args: []string{
@@ -174,7 +174,8 @@ func forwarder(o Options) Proc {
 	}}
 }
 
-func nodesOf(members []Member) []Member {
+// NodeMembers returns the members that are nodes.
+func NodeMembers(members []Member) []Member {
 	var nodes []Member
 	for _, m := range members {
 		if m.Name != "cp" && m.Name != "ext" {

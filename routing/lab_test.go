@@ -78,7 +78,8 @@ func newLab(t *testing.T, n int) *lab {
 	return l
 }
 
-// netns makes a namespace that is deleted when the test ends, pass or fail.
+// netns makes a namespace that is deleted when the test ends, pass or
+// fail.
 func (l *lab) netns(name string) string {
 	l.t.Helper()
 	path, err := netnsutil.NewNamed(name)
@@ -86,6 +87,11 @@ func (l *lab) netns(name string) string {
 		l.t.Fatal(err)
 	}
 	l.t.Cleanup(func() { _ = netnsutil.Delete(name) })
+	// No DAD on the links to come: the plan's addresses are unique, and
+	// tentative link-local addresses would only delay the first exchange.
+	l.do(path, func() error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0o644)
+	})
 	return path
 }
 

@@ -46,7 +46,7 @@ func (s *session) syncRoutes(want []Route, links map[string]int) []error {
 		switch {
 		case i >= 0 && sameRoute(cur[i], nr):
 		case i >= 0:
-			err = s.h.RouteReplace(&nr)
+			err = s.replace(nr, w)
 		default:
 			err = s.h.RouteAdd(&nr)
 			if errors.Is(err, unix.EEXIST) {
@@ -69,6 +69,29 @@ func (s *session) syncRoutes(want []Route, links map[string]int) []error {
 		}
 	}
 	return errs
+}
+
+// replace replaces a route in place. IPv6 refuses an onlink gateway that
+// the current routes resolve through another device, which is the case
+// when a route moves onto the VXLAN device (host-gw to vxlan): its gateway
+// lies in the very prefix the old route sends elsewhere. A /128 route
+// pinning the gateway to the device makes the replace acceptable and is
+// removed right after; it is weft's, so a crash in between leaves nothing
+// the next Apply does not delete.
+func (s *session) replace(nr netlink.Route, w Route) error {
+	err := s.h.RouteReplace(&nr)
+	if !errors.Is(err, unix.EINVAL) || !w.OnLink || !w.Via.Is6() || nr.LinkIndex == 0 {
+		return err
+	}
+	pin := netlink.Route{
+		Dst:       &net.IPNet{IP: w.Via.AsSlice(), Mask: net.CIDRMask(128, 128)},
+		LinkIndex: nr.LinkIndex, Protocol: s.proto, Table: unix.RT_TABLE_MAIN, Scope: netlink.SCOPE_LINK,
+	}
+	if perr := s.h.RouteAdd(&pin); perr != nil {
+		return fmt.Errorf("%w (pinning the gateway to the device: %w)", err, perr)
+	}
+	err = s.h.RouteReplace(&nr)
+	return errors.Join(err, wrap("removing the gateway pin", s.h.RouteDel(&pin)))
 }
 
 // toNetlink renders w, resolving its device (cached in links).

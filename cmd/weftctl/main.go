@@ -4,6 +4,7 @@
 //	weftctl lab status [--dir DIR]
 //	weftctl lab exec NODE -- CMD [ARGS...]
 //	weftctl lab down [--dir DIR]
+//	weftctl check [--dir DIR] [--keep]
 package main
 
 import (
@@ -11,7 +12,7 @@ import (
 	"os"
 )
 
-const usage = `usage: weftctl lab up|down|status|exec ...
+const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check [--dir DIR] [--keep]
 
   lab up      [--nodes N] [--routing hostgw|vxlan] [--dir DIR] [--api-port PORT]
   lab down    [--dir DIR]
@@ -20,6 +21,13 @@ const usage = `usage: weftctl lab up|down|status|exec ...
 `
 
 func main() {
+	if len(os.Args) >= 2 && os.Args[1] == "check" {
+		if err := runCheck(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weftctl check:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) < 3 || os.Args[1] != "lab" {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)

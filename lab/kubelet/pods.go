@@ -37,6 +37,11 @@ type podRun struct {
 	Started   time.Time `json:"started"`
 }
 
+// PodNetNS is the name of a pod's network namespace under netnsutil.RunDir.
+func PodNetNS(prefix, node string, uid types.UID) string {
+	return fmt.Sprintf("%s%s-%s", prefix, node, string(uid)[:8])
+}
+
 func (r *podRun) nsPath() string { return netnsutil.RunDir + "/" + r.NetNS }
 
 func (k *Kubelet) statePath(uid types.UID) string {
@@ -126,7 +131,7 @@ func (k *Kubelet) start(ctx context.Context, pod *corev1.Pod) (*podRun, error) {
 		return nil, err
 	}
 	run := &podRun{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name,
-		NetNS: fmt.Sprintf("%s%s-%s", k.opts.NSPrefix, k.opts.Node, string(pod.UID)[:8]), Started: time.Now()}
+		NetNS: PodNetNS(k.opts.NSPrefix, k.opts.Node, pod.UID), Started: time.Now()}
 	if _, err := netnsutil.NewNamed(run.NetNS); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,256 @@
+// Package check is weft's connectivity test on a lab: it runs probe pods on
+// every node and proves, with real HTTP exchanges that report the source
+// address the server saw, that pods reach pods on the same and on other
+// nodes, nodes reach pods, pods reach nodes, and pods reach an external host
+// masqueraded behind their node's address.
+package check
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/lab/kubelet"
+	"github.com/weftnet/weft/lab/workload"
+)
+
+// Namespace holds the probe pods.
+const Namespace = "weft-check"
+
+// Result is one row of the report.
+type Result struct {
+	Kind, From, To string
+	OK             bool
+	Detail         string
+}
+
+// endpoint is something probes start from or go to.
+type endpoint struct {
+	name   string
+	nsPath string     // where a probe from it runs
+	ip     net.IP     // where probes to it go
+	node   lab.Member // the node it lives on (the node itself for nodes)
+}
+
+// Run deploys the probe pods, runs every probe and returns the rows. The
+// probe pods are removed at the end unless keep is set.
+func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) ([]Result, error) {
+	nodes := lab.NodeMembers(st.Members)
+	pods, err := deploy(ctx, c, nodes)
+	if err != nil {
+		return nil, err
+	}
+	if !keep {
+		defer func() {
+			_ = c.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), Namespace, metav1.DeleteOptions{})
+		}()
+	}
+	var ext lab.Member
+	for _, m := range st.Members {
+		if m.NS == lab.ExternalNS {
+			ext = m
+		}
+	}
+	var out []Result
+	probe := func(kind string, from, to endpoint, url string, want func(workload.Reply) error) {
+		r := Result{Kind: kind, From: from.name, To: to.name}
+		reply, err := httpGet(ctx, from.nsPath, url)
+		if err == nil {
+			err = want(reply)
+		}
+		r.OK = err == nil
+		if err != nil {
+			r.Detail = err.Error()
+		} else {
+			r.Detail = fmt.Sprintf("%s saw %s", reply.Pod, reply.Client)
+		}
+		out = append(out, r)
+	}
+	sawFrom := func(pod string, src net.IP) func(workload.Reply) error {
+		return func(r workload.Reply) error {
+			if r.Pod != pod {
+				return fmt.Errorf("answered by %q, want %q", r.Pod, pod)
+			}
+			if r.Client != src.String() {
+				return fmt.Errorf("%s saw client %s, want %s", r.Pod, r.Client, src)
+			}
+			return nil
+		}
+	}
+	// A node's own traffic may leave from any of its addresses (its underlay
+	// address, its bridge, its VXLAN device), but from no other.
+	sawNode := func(pod string, n lab.Member) func(workload.Reply) error {
+		own, err := addrsIn(n.NSPath())
+		return func(r workload.Reply) error {
+			switch {
+			case err != nil:
+				return err
+			case r.Pod != pod:
+				return fmt.Errorf("answered by %q, want %q", r.Pod, pod)
+			case !own[r.Client]:
+				return fmt.Errorf("%s saw client %s, not an address of %s", r.Pod, r.Client, n.Name)
+			}
+			return nil
+		}
+	}
+	for _, a := range pods {
+		for _, b := range pods {
+			if a.name == b.name {
+				continue
+			}
+			kind := "pod to pod, other node"
+			if a.node.Name == b.node.Name {
+				kind = "pod to pod, same node"
+			}
+			probe(kind, a, b, "http://"+net.JoinHostPort(b.ip.String(), "80")+"/", sawFrom(b.name, a.ip))
+		}
+	}
+	for _, n := range nodes {
+		from := endpoint{name: n.Name, nsPath: n.NSPath(), node: n}
+		for _, p := range pods {
+			probe("node to pod", from, p, "http://"+net.JoinHostPort(p.ip.String(), "80")+"/", sawNode(p.name, n))
+		}
+	}
+	for _, p := range pods {
+		for _, n := range nodes {
+			to := endpoint{name: n.Name, ip: n.IP.AsSlice(), node: n}
+			r := Result{Kind: "pod to node", From: p.name, To: n.Name}
+			err := httpOK(ctx, p.nsPath, fmt.Sprintf("http://%s/healthz", net.JoinHostPort(to.ip.String(), fmt.Sprint(lab.AgentPort))))
+			r.OK, r.Detail = err == nil, "weft-agent /healthz 200"
+			if err != nil {
+				r.Detail = err.Error()
+			}
+			out = append(out, r)
+		}
+		extEP := endpoint{name: "external", ip: ext.IP.AsSlice()}
+		probe("pod to external (masqueraded)", p, extEP, "http://"+net.JoinHostPort(ext.IP.String(), "80")+"/",
+			sawFrom("external", p.node.IP.AsSlice()))
+	}
+	return out, nil
+}
+
+// deploy creates one probe pod per node, and a second on the first node,
+// and waits until they run.
+func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]endpoint, error) {
+	err := c.CoreV1().Namespaces().Delete(ctx, Namespace, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	for { // a previous run's namespace may still be terminating
+		_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	type want struct{ name, node string }
+	var wants []want
+	for _, n := range nodes {
+		wants = append(wants, want{"probe-" + n.Name, n.Name})
+	}
+	wants = append(wants, want{"probe-" + nodes[0].Name + "-b", nodes[0].Name})
+	for _, w := range wants {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: w.name, Labels: map[string]string{"app": "weft-check"}},
+			Spec: corev1.PodSpec{NodeName: w.node, Containers: []corev1.Container{{
+				Name: "workload", Image: "weft-workload", Ports: []corev1.ContainerPort{{ContainerPort: 80}},
+			}}},
+		}
+		if _, err := c.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating probe pod %s: %w", w.name, err)
+		}
+	}
+	byName := map[string]lab.Member{}
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	deadline, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var eps []endpoint
+	for _, w := range wants {
+		for {
+			p, err := c.CoreV1().Pods(Namespace).Get(deadline, w.name, metav1.GetOptions{})
+			if err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				eps = append(eps, endpoint{name: w.name, ip: net.ParseIP(p.Status.PodIP), node: byName[w.node],
+					nsPath: netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, w.node, p.UID)})
+				break
+			}
+			select {
+			case <-deadline.Done():
+				return nil, fmt.Errorf("probe pod %s not running: %w", w.name, deadline.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return eps, nil
+}
+
+// addrsIn lists the addresses of the namespace at nsPath.
+func addrsIn(nsPath string) (map[string]bool, error) {
+	own := map[string]bool{}
+	err := netnsutil.Do(nsPath, func() error {
+		addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+		for _, a := range addrs {
+			own[a.IP.String()] = true
+		}
+		return err
+	})
+	return own, err
+}
+
+func client(nsPath string) *http.Client {
+	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: lab.DialInNS(nsPath), DisableKeepAlives: true}}
+}
+
+func httpGet(ctx context.Context, nsPath, url string) (workload.Reply, error) {
+	var r workload.Reply
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return r, err
+	}
+	resp, err := client(nsPath).Do(req)
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return r, fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return r, json.NewDecoder(resp.Body).Decode(&r)
+}
+
+func httpOK(ctx context.Context, nsPath, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client(nsPath).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
