@@ -133,6 +133,28 @@ func Up(ctx context.Context, o Options) (err error) {
 	return nil
 }
 
+// Restart kills a lab daemon (as a crash would) and starts it again.
+func Restart(dir, name string) error {
+	st, err := Load(dir)
+	if err != nil {
+		return err
+	}
+	for _, p := range append(controlPlane(dir, st.BinDir), nodeDaemons(st.Options, st.Members)...) {
+		if p.Name != name {
+			continue
+		}
+		if pid, ok := alive(dir, name); ok {
+			stopPIDs([]int{pid}, 0)
+		}
+		_, err := start(dir, p)
+		return err
+	}
+	return fmt.Errorf("no lab daemon named %q", name)
+}
+
+// PID returns the pid of a running lab daemon.
+func PID(dir, name string) (int, bool) { return alive(dir, name) }
+
 // NodeDir is a node's own state directory (CNI config, IPAM, pods, logs).
 func NodeDir(dir, node string) string { return filepath.Join(dir, "nodes", node) }
 

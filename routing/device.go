@@ -73,7 +73,12 @@ func (s *session) ensureDevice(want VXLANDevice) (int, error) {
 	return v.Index, nil
 }
 
+// createDevice creates the device. Other weft devices go first: a renamed
+// device would clash with its predecessor's VNI, port and local address.
 func (s *session) createDevice(want VXLANDevice, mtu int) (netlink.Link, error) {
+	if err := errors.Join(s.deleteDevices(want.Name)...); err != nil {
+		return nil, err
+	}
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name, attrs.MTU, attrs.HardwareAddr, attrs.Alias = want.Name, mtu, want.MAC, DeviceAlias
 	v := &netlink.Vxlan{

@@ -27,7 +27,9 @@ func nodeIP6(i int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("fd00:17
 
 func podCIDR4(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i)) }
 
-func podCIDR6(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%d::/64", i)) }
+func podCIDR6(i int) netip.Prefix {
+	return netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%d::/64", i))
+}
 
 // host returns the n-th address of p (1 is the gateway, 2 the test pod).
 func host(p netip.Prefix, n int) netip.Addr {

@@ -1,0 +1,412 @@
+// Package e2e runs weft on a lab: a real kube-apiserver and
+// kube-controller-manager, nodes as network namespaces, real packets.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/lab/check"
+	"github.com/weftnet/weft/lab/kubelet"
+	"github.com/weftnet/weft/routing"
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code, reexeced, err := netnsutil.Isolate()
+	switch {
+	case reexeced:
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(code)
+	case err != nil && netnsutil.Isolated():
+		fmt.Fprintln(os.Stderr, "preparing the private network namespace:", err)
+		os.Exit(1)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "lab tests will skip:", err)
+	}
+	os.Exit(m.Run())
+}
+
+// binDir is the repository's bin/, which `make build kube` fills.
+func binDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		dir = filepath.Dir(dir)
+		if dir == "/" {
+			t.Fatal("no go.mod above the working directory")
+		}
+	}
+	bin := filepath.Join(dir, "bin")
+	for _, b := range []string{"weftctl", "weft-agent", "weft-workload", "cni/weft", "cni/portmap", "kube-apiserver", "kube-controller-manager"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			t.Fatalf("%s missing: run `make build kube` first", filepath.Join(bin, b))
+		}
+	}
+	return bin
+}
+
+// cluster is a running lab and an admin client for it.
+type cluster struct {
+	dir    string
+	state  *lab.State
+	client kubernetes.Interface
+}
+
+func up(t *testing.T, nodes int, mode string) *cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("lab test: skipped with -short")
+	}
+	if !netnsutil.Isolated() {
+		t.Skip("lab test: needs root to run in a private network namespace")
+	}
+	dir := filepath.Join(t.TempDir(), "lab")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var progress strings.Builder
+	err := lab.Up(ctx, lab.Options{Nodes: nodes, Routing: mode, Dir: dir, BinDir: binDir(t), APIPort: 6443, Out: &progress})
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpLogs(t, dir)
+		}
+		if err := lab.Down(dir); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, progress.String())
+	}
+	st, err := lab.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := lab.Client(lab.AdminKubeconfig(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &cluster{dir: dir, state: st, client: c}
+}
+
+func dumpLogs(t *testing.T, dir string) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 15 {
+			lines = lines[len(lines)-15:]
+		}
+		t.Logf("--- %s (tail)\n%s", filepath.Base(l), strings.Join(lines, "\n"))
+	}
+}
+
+func (c *cluster) node(name string) lab.Member {
+	for _, m := range c.state.Members {
+		if m.Name == name {
+			return m
+		}
+	}
+	panic("no lab member " + name)
+}
+
+// mustCheck runs weftctl check's probes and fails on any failed row.
+func (c *cluster) mustCheck(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	results, err := check.Run(ctx, c.state, c.client, false)
+	if err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	kinds := map[string]int{}
+	for _, r := range results {
+		kinds[r.Kind]++
+		if !r.OK {
+			t.Errorf("check %s %s -> %s: %s", r.Kind, r.From, r.To, r.Detail)
+		}
+	}
+	for _, k := range []string{"pod to pod, same node", "pod to pod, other node", "node to pod", "pod to node", "pod to external (masqueraded)"} {
+		if kinds[k] == 0 {
+			t.Errorf("check ran no %q probe", k)
+		}
+	}
+}
+
+// ownedRoutes lists the weft routes in a node's namespace, by destination.
+func ownedRoutes(t *testing.T, m lab.Member) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	err := netnsutil.Do(m.NSPath(), func() error {
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: routing.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		for _, r := range routes {
+			if r.Dst != nil {
+				out[r.Dst.String()] = true
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// fdbEntries lists the permanent FDB entries on a node's VXLAN device.
+func fdbEntries(t *testing.T, m lab.Member) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	err := netnsutil.Do(m.NSPath(), func() error {
+		l, err := netlink.LinkByName(routing.DefaultDevice)
+		if err != nil {
+			return err
+		}
+		neighs, err := netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+		for _, n := range neighs {
+			if n.IP != nil {
+				out[n.IP.String()] = true
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func podCIDR(t *testing.T, c *cluster, node string) string {
+	t.Helper()
+	n, err := c.client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Spec.PodCIDR
+}
+
+// TestLab brings a 3-node lab up in each routing mode, proves connectivity,
+// survives bad Node objects, drops a deleted node's routes within 2 s and
+// leaves nothing behind.
+func TestLab(t *testing.T) {
+	for _, mode := range []string{"hostgw", "vxlan"} {
+		t.Run(mode, func(t *testing.T) {
+			c := up(t, 3, mode)
+			c.mustCheck(t)
+
+			addBadNodes(t, c)
+			c.mustCheck(t)
+
+			gone := podCIDR(t, c, "node3")
+			n1 := c.node("node1")
+			if !ownedRoutes(t, n1)[gone] {
+				t.Fatalf("node1 has no route to node3's %s", gone)
+			}
+			if mode == "vxlan" && !fdbEntries(t, n1)[c.node("node3").IP.String()] {
+				t.Fatalf("node1 has no FDB entry towards node3")
+			}
+			if err := c.client.CoreV1().Nodes().Delete(context.Background(), "node3", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for _, m := range []lab.Member{n1, c.node("node2")} {
+				for ownedRoutes(t, m)[gone] || (mode == "vxlan" && fdbEntries(t, m)[c.node("node3").IP.String()]) {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s still routes to deleted node3 (%s) 2s after the deletion", m.Name, gone)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+
+			if err := lab.Down(c.dir); err != nil {
+				t.Fatal(err)
+			}
+			assertNothingLeft(t, c.dir)
+		})
+	}
+}
+
+// addBadNodes registers Nodes a broken controller could produce; the agents
+// must skip them (logging the node) and keep every other route.
+func addBadNodes(t *testing.T, c *cluster) {
+	t.Helper()
+	bad := []*corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "bad-overlap"}, Spec: corev1.NodeSpec{PodCIDR: podCIDR(t, c, "node1"), PodCIDRs: []string{podCIDR(t, c, "node1")}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "bad-address"}, Spec: corev1.NodeSpec{PodCIDR: "10.250.0.0/24", PodCIDRs: []string{"10.250.0.0/24"}}},
+	}
+	for _, n := range bad {
+		if _, err := c.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating node %s: %v", n.Name, err)
+		}
+	}
+	patch := []byte(`{"status":{"addresses":[{"type":"InternalIP","address":"not-an-ip"}]}}`)
+	if _, err := c.client.CoreV1().Nodes().Patch(context.Background(), "bad-address", types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatalf("patching bad-address: %v", err)
+	}
+	// Give the agents a sync with the bad nodes before checking.
+	deadline := time.Now().Add(5 * time.Second)
+	for !logged(c.dir, "node1-agent", "bad-address") {
+		if time.Now().After(deadline) {
+			t.Fatal("node1's agent never logged the node with an unparseable address")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !logged(c.dir, "node1-agent", "bad-overlap") {
+		t.Fatal("node1's agent did not log the node with an overlapping podCIDR")
+	}
+}
+
+func logged(dir, daemon, s string) bool {
+	b, _ := os.ReadFile(filepath.Join(dir, "logs", daemon+".log"))
+	return strings.Contains(string(b), s)
+}
+
+func assertNothingLeft(t *testing.T, dir string) {
+	t.Helper()
+	entries, _ := os.ReadDir(netnsutil.RunDir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), lab.NSPrefix) {
+			t.Errorf("namespace %s left after lab down", e.Name())
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("lab dir %s left after lab down: %v", dir, err)
+	}
+}
+
+// TestAgentRestartKeepsStream kills and restarts weft-agent on both ends of
+// a long-lived cross-node TCP stream; the stream must carry data throughout.
+func TestAgentRestartKeepsStream(t *testing.T) {
+	c := up(t, 2, "vxlan")
+	ctx := context.Background()
+	pods := map[string]*corev1.Pod{}
+	for _, node := range []string{"node1", "node2"} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "stream-" + node},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: "weft-workload"}}}}
+		if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pods[node] = waitRunning(t, c, "default", p.Name)
+	}
+	src := netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, "node1", pods["node1"].UID)
+	var conn net.Conn
+	if err := netnsutil.Do(src, func() (err error) {
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort(pods["node2"].Status.PodIP, "81"), 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	exchange := func(msg string) {
+		t.Helper()
+		_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := fmt.Fprintln(conn, msg); err != nil {
+			t.Fatalf("stream write %q: %v", msg, err)
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatalf("stream read after %q: %v", msg, err)
+		}
+	}
+	exchange("hello")
+	for _, d := range []string{"node1-agent", "node2-agent"} {
+		if err := lab.Restart(c.dir, d); err != nil {
+			t.Fatal(err)
+		}
+		exchange("during restart of " + d)
+	}
+	// The restarted agents resync (routes re-applied, no disruption).
+	deadline := time.Now().Add(15 * time.Second)
+	for !logged(c.dir, "node2-agent", "weft-agent starting") || len(ownedRoutes(t, c.node("node1"))) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("agents did not come back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // let both agents complete a sync against the live stream
+	for i := 0; i < 5; i++ {
+		exchange(fmt.Sprintf("after restart %d", i))
+	}
+}
+
+func waitRunning(t *testing.T, c *cluster, ns, name string) *corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod %s/%s not running: %v %+v", ns, name, err, p.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAgentRBAC: the agent's identity can do its job and nothing more.
+func TestAgentRBAC(t *testing.T) {
+	c := up(t, 1, "hostgw")
+	a, err := lab.Client(filepath.Join(c.dir, "node1-agent.kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	allowed := map[string]func() error{
+		"list nodes":          func() error { _, err := a.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); return err },
+		"list endpointslices": func() error { _, err := a.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{}); return err },
+		"list services":       func() error { _, err := a.CoreV1().Services("").List(ctx, metav1.ListOptions{}); return err },
+		"list networkpolicies": func() error {
+			_, err := a.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"annotate own node": func() error {
+			_, err := a.CoreV1().Nodes().Patch(ctx, "node1", types.StrategicMergePatchType, []byte(`{"metadata":{"annotations":{"weft.dev/probe":"x"}}}`), metav1.PatchOptions{})
+			return err
+		},
+	}
+	refused := map[string]func() error{
+		"read secrets": func() error { _, err := a.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); return err },
+		"create pods": func() error {
+			_, err := a.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}}}, metav1.CreateOptions{})
+			return err
+		},
+		"delete nodes":    func() error { return a.CoreV1().Nodes().Delete(ctx, "node1", metav1.DeleteOptions{}) },
+		"list configmaps": func() error { _, err := a.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{}); return err },
+	}
+	for name, f := range allowed {
+		if err := f(); err != nil {
+			t.Errorf("agent should be allowed to %s: %v", name, err)
+		}
+	}
+	for name, f := range refused {
+		if err := f(); !apierrors.IsForbidden(err) {
+			t.Errorf("agent should be refused to %s: got %v", name, err)
+		}
+	}
+}
