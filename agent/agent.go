@@ -139,6 +139,9 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err := cni.EnsureBridge(a.opts.Bridge, mtu, Gateways(me.PodCIDRs)); err != nil {
 		return fmt.Errorf("bridge %s: %w", a.opts.Bridge, err)
 	}
+	if err := enableForwarding(me.PodCIDRs); err != nil {
+		return err
+	}
 	if err := a.ensureMasquerade(); err != nil {
 		return err
 	}
@@ -216,6 +219,24 @@ func linkWithAddr(ip netip.Addr) (netlink.Link, error) {
 		}
 	}
 	return nil, fmt.Errorf("no link carries the node address %s", ip)
+}
+
+// enableForwarding turns on IP forwarding for the pod CIDRs' families: the
+// node routes between its pods, the underlay and the other nodes.
+func enableForwarding(cidrs []netip.Prefix) error {
+	for _, c := range cidrs {
+		path := "/proc/sys/net/ipv4/ip_forward"
+		if c.Addr().Is6() {
+			path = "/proc/sys/net/ipv6/conf/all/forwarding"
+		}
+		if cur, err := os.ReadFile(path); err == nil && bytes.Equal(bytes.TrimSpace(cur), []byte("1")) {
+			continue
+		}
+		if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enabling forwarding: %w", err)
+		}
+	}
+	return nil
 }
 
 // writeCNIConfig writes the conflist atomically, only when it changed.

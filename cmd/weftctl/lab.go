@@ -12,8 +12,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"text/tabwriter"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
@@ -92,20 +95,15 @@ func labExec(args []string) error {
 	}
 	rest := fs.Args()
 	if len(rest) < 3 || rest[1] != "--" {
-		return errors.New("usage: weftctl lab exec NODE -- CMD [ARGS...]")
+		return errors.New("usage: weftctl lab exec [--dir DIR] NODE|POD -- CMD [ARGS...]")
 	}
 	st, err := lab.Load(*dir)
 	if err != nil {
 		return err
 	}
-	var path string
-	for _, m := range st.Members {
-		if m.Name == rest[0] {
-			path = m.NSPath()
-		}
-	}
-	if path == "" {
-		return fmt.Errorf("no lab member named %q", rest[0])
+	path, err := memberOrPodNS(*dir, st, rest[0])
+	if err != nil {
+		return err
 	}
 	cmd := exec.Command(rest[2], rest[3:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
@@ -116,6 +114,32 @@ func labExec(args []string) error {
 		os.Exit(exit.ExitCode())
 	}
 	return err
+}
+
+// memberOrPodNS finds the namespace of a lab member (node, cp, ext) or of a
+// pod, named NAME (namespace default) or NAMESPACE/NAME.
+func memberOrPodNS(dir string, st *lab.State, name string) (string, error) {
+	for _, m := range st.Members {
+		if m.Name == name {
+			return m.NSPath(), nil
+		}
+	}
+	ns, pod := "default", name
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		ns, pod = name[:i], name[i+1:]
+	}
+	c, err := lab.Client(lab.AdminKubeconfig(dir))
+	if err != nil {
+		return "", err
+	}
+	p, err := c.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("%q is neither a lab member nor a pod: %w", name, err)
+	}
+	if p.Spec.NodeName == "" || p.Status.PodIP == "" {
+		return "", fmt.Errorf("pod %s/%s is not running on a node yet", ns, pod)
+	}
+	return netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, p.Spec.NodeName, p.UID), nil
 }
 
 // labForward is the lab's API forwarder daemon (started by lab up).

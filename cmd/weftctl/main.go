@@ -2,7 +2,7 @@
 //
 //	weftctl lab up [--nodes N] [--routing hostgw|vxlan] [--dir DIR]
 //	weftctl lab status [--dir DIR]
-//	weftctl lab exec NODE -- CMD [ARGS...]
+//	weftctl lab exec [--dir DIR] NODE|POD -- CMD [ARGS...]
 //	weftctl lab down [--dir DIR]
 //	weftctl check [--dir DIR] [--keep]
 package main
@@ -17,7 +17,9 @@ const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check [--dir
   lab up      [--nodes N] [--routing hostgw|vxlan] [--dir DIR] [--api-port PORT]
   lab down    [--dir DIR]
   lab status  [--dir DIR]
-  lab exec    [--dir DIR] NODE -- CMD [ARGS...]   run CMD in a node's (or cp, ext) network namespace
+  lab exec    [--dir DIR] NODE|POD -- CMD [ARGS...]   run CMD in the network namespace of a
+              node (or cp, ext) or of a pod (NAME or NAMESPACE/NAME)
+  check       [--dir DIR] [--keep]   connectivity test on the lab
 `
 
 func main() {
