@@ -194,15 +194,23 @@ func (a *Agent) mtu(me routing.Node) (int, error) {
 	if len(me.InternalIPs) == 0 {
 		return 0, fmt.Errorf("own node %s has no InternalIP", me.Name)
 	}
-	link, err := linkWithAddr(me.InternalIPs[0])
+	// The underlay is IPv4 when the node has an IPv4 address, as in routing.Compute.
+	underlay := me.InternalIPs[0]
+	for _, ip := range me.InternalIPs {
+		if ip.Is4() {
+			underlay = ip
+		}
+	}
+	link, err := linkWithAddr(underlay)
 	if err != nil {
 		return 0, err
 	}
 	mtu := link.Attrs().MTU
 	if a.opts.Routing == routing.ModeVXLAN {
-		mtu -= routing.OverheadIPv4
-		if me.InternalIPs[0].Is6() {
-			mtu += routing.OverheadIPv4 - routing.OverheadIPv6
+		if underlay.Is4() {
+			mtu -= routing.OverheadIPv4
+		} else {
+			mtu -= routing.OverheadIPv6
 		}
 	}
 	return mtu, nil

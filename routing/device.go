@@ -12,7 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ensureDevice makes weft's VXLAN device match want and returns its index.
+// ensureDevice makes weft's VXLAN device match want and returns its index,
+// also when some in-place fix failed (0 when there is no usable device).
 // What the kernel can change on a live device (MTU, MAC, learning, alias,
 // addresses, up) is fixed in place; a device with another VNI, port or
 // local address is deleted and created again; a link of that name that is
@@ -68,7 +69,7 @@ func (s *session) ensureDevice(want VXLANDevice) (int, error) {
 		errs = append(errs, wrap("setting it up", s.h.LinkSetUp(v)))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fail(err)
+		return v.Index, fmt.Errorf("vxlan device %s: %w", want.Name, err)
 	}
 	return v.Index, nil
 }

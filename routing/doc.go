@@ -65,13 +65,19 @@
 //     changed MTU or MAC, learning turned on, the device down) is repaired.
 //   - No disturbance: entries that already match are not rewritten, so
 //     re-applying the same Desired sends no change to the kernel; a changed
-//     route is replaced in place (NLM_F_REPLACE), never deleted and re-added.
-//     The device is recreated only if its VNI, port or local address differ.
+//     route is replaced in place (NLM_F_REPLACE), never deleted and re-added
+//     (IPv6 refuses to move a route onto the VXLAN device while its onlink
+//     gateway still resolves through the old route, so for that replace a
+//     /128 route pins the gateway to the device and is removed right after).
+//     The device is recreated only if its VNI, port or local address differ,
+//     and replaced when its name changes (the kernel does not allow two
+//     devices with one VNI, port and local address at once).
 //   - Statelessness: the kernel is the only state, so a new Reconciler (an
 //     agent restart) continues seamlessly.
-//   - Mode switches: VXLAN devices weft owns other than Desired.Device are
-//     deleted after the routes are in place, so vxlan to host-gw leaves no
-//     device, neighbour or FDB entry; host-gw to vxlan replaces each route.
+//   - Mode switches: in host-gw mode weft's VXLAN devices are deleted after
+//     the host-gw routes replaced theirs, so no device, neighbour or FDB
+//     entry is left; host-gw to vxlan sets up the device, its neighbours and
+//     FDB entries first, then replaces each route.
 //   - Partial failure: a bad entry does not stop the others; Apply returns
 //     all failures joined, each naming its object. A zero Desired (no Mode),
 //     what Compute returns for a bad Config, is refused untouched.

@@ -117,21 +117,17 @@ func TestReapplyChangesNothing(t *testing.T) {
 		l := newLab(t, 3)
 		l.applyAll(v)
 		s := l.state(1)
-		devIndex := 0
-		if s.dev != nil {
-			devIndex = s.dev.Index
-		}
 		w := l.watch(1)
 		l.applyAll(v)
-		w.noChanges(devIndex, "re-applying the same state")
+		w.noChanges("re-applying the same state")
 		l.node(1).rec = routing.NewReconciler()
 		l.apply(v, 1, l.members())
-		w.noChanges(devIndex, "applying the same state from a new Reconciler")
+		w.noChanges("applying the same state from a new Reconciler")
 
 		r := s.routeTo(podCIDR4(2))
 		l.do(l.node(1).ns, func() error { return netlink.RouteDel(r) })
 		l.apply(v, 1, l.members())
-		if got := w.changes(devIndex); len(got) != 2 {
+		if got := w.changes(); len(got) != 2 {
 			t.Fatalf("deleting a route by hand and re-applying: notifications %q, want the deletion and the repair", got)
 		}
 	})
@@ -179,7 +175,12 @@ func TestNodeRemoved(t *testing.T) {
 			l.apply(v, i, l.members(3))
 		}
 		for _, i := range []int{1, 2} {
-			l.assertProgrammed(v, i, 3-i) // only each other
+			s := l.assertProgrammed(v, i, 3-i) // exactly each other's entries
+			if s.routeTo(podCIDR4(3)) != nil || s.routeTo(podCIDR6(3)) != nil ||
+				s.hasNeigh(podCIDR4(3).Addr(), routing.VTEPMAC(nodeName(3))) ||
+				s.hasFDB(routing.VTEPMAC(nodeName(3)), v.underlayAddr(3, false)) {
+				t.Fatalf("node-%d still has node-3's entries: %+v", i, s)
+			}
 		}
 		l.mustNotReach(1, 3)
 		l.mustReach(1, 2)

@@ -75,15 +75,17 @@ func (r *Reconciler) Apply(d Desired) error {
 	links := map[string]int{} // device name -> index; -1: unusable
 	if d.Device != nil {
 		keep = d.Device.Name
+		// A device that exists but could not be fixed entirely (say, its
+		// MTU) still gets its entries; one that does not exist cannot.
 		index, err := s.ensureDevice(*d.Device)
-		if err == nil {
+		errs = append(errs, err)
+		if index > 0 {
 			errs = append(errs, s.syncNeighbors(index, d.Neighbors)...)
 			errs = append(errs, s.syncFDB(index, d.FDB)...)
 		} else {
 			index = -1
 		}
 		links[keep] = index
-		errs = append(errs, err)
 	}
 	errs = append(errs, s.syncRoutes(d.Routes, links)...)
 	errs = append(errs, s.deleteDevices(keep)...)

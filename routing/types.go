@@ -132,8 +132,11 @@ var (
 
 // NodeError says why (part of) a node was left out of the desired state.
 type NodeError struct {
-	Node  string // the node's name
-	Field string // the Node or Config field at fault: PodCIDRs, InternalIPs, VTEPMAC, Name, Mode, VXLAN
+	Node string // the node's name
+	// Field is the Node or Config field at fault: Name, InternalIPs,
+	// PodCIDRs, VTEPMAC, or, for the node's own Config, Mode, VXLAN.Device,
+	// VXLAN.VNI, VXLAN.MTU.
+	Field string
 	Err   error
 }
 
