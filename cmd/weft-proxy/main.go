@@ -1,0 +1,210 @@
+// Command weft-proxy is weft's service proxy on its own: a drop-in for
+// kube-proxy, or a way to try weft's rules from a directory of manifests.
+// weft-agent runs the same proxy on every node.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/weftnet/weft/internal/buildinfo"
+	"github.com/weftnet/weft/kube"
+	"github.com/weftnet/weft/proxy"
+	"github.com/weftnet/weft/proxy/iptables"
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// listFlag is a repeatable, comma-separable flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+type flags struct {
+	kubeconfig, manifests, mode, node, zone, variant string
+	healthz, metrics                                 string
+	nodeIPs, clusterCIDRs, nodePortAddrs             listFlag
+	masqAll, dryRun, cleanup                         bool
+	masqBit                                          int
+	minSync, sync                                    time.Duration
+}
+
+func main() {
+	var f flags
+	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig: watch Services and EndpointSlices with informers")
+	flag.StringVar(&f.manifests, "manifests", "", "directory of YAML/JSON Services and EndpointSlices, reloaded on change")
+	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables")
+	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (for Local traffic policies)")
+	flag.StringVar(&f.zone, "zone", "", "this node's zone (topology hints)")
+	flag.Var(&f.nodeIPs, "node-ip", "this node's address (repeatable); NodePorts answer on it")
+	flag.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDR (repeatable): ClusterIP traffic from outside it is masqueraded")
+	flag.Var(&f.nodePortAddrs, "nodeport-addresses", "CIDRs (repeatable) selecting the node IPs NodePorts answer on (default: every --node-ip)")
+	flag.BoolVar(&f.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
+	flag.IntVar(&f.masqBit, "masquerade-bit", 14, "fwmark bit marking traffic to masquerade (the next bit marks drops)")
+	flag.StringVar(&f.variant, "iptables", "", "iptables variant: nft, legacy, or empty for the system default")
+	flag.DurationVar(&f.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between syncs")
+	flag.DurationVar(&f.sync, "sync-period", time.Hour, "period of full resyncs")
+	flag.StringVar(&f.healthz, "healthz-addr", ":10256", "address for /healthz and /livez (empty: off)")
+	flag.StringVar(&f.metrics, "metrics-addr", ":10249", "address for /metrics (empty: off)")
+	flag.BoolVar(&f.dryRun, "dry-run", false, "print the rules the first sync would apply, and exit")
+	flag.BoolVar(&f.cleanup, "cleanup", false, "remove everything weft-proxy installed, and exit")
+	flag.Parse()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(f, log); err != nil {
+		log.Error("weft-proxy failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func parseConfig(f flags, log *slog.Logger) (proxy.Config, error) {
+	c := proxy.Config{Mode: f.mode, NodeName: f.node, Zone: f.zone, MasqueradeAll: f.masqAll, MasqueradeBit: f.masqBit,
+		IPTablesVariant: f.variant, MinSyncPeriod: f.minSync, SyncPeriod: f.sync, HealthCheckPorts: !f.dryRun, Log: log}
+	for _, s := range f.nodeIPs {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return c, fmt.Errorf("--node-ip: %w", err)
+		}
+		c.NodeIPs = append(c.NodeIPs, ip)
+	}
+	for _, p := range []struct {
+		name string
+		in   listFlag
+		out  *[]netip.Prefix
+	}{{"--cluster-cidr", f.clusterCIDRs, &c.ClusterCIDRs}, {"--nodeport-addresses", f.nodePortAddrs, &c.NodePortAddresses}} {
+		for _, s := range p.in {
+			pfx, err := netip.ParsePrefix(s)
+			if err != nil {
+				return c, fmt.Errorf("%s: %w", p.name, err)
+			}
+			*p.out = append(*p.out, pfx.Masked())
+		}
+	}
+	return c, nil
+}
+
+func run(f flags, log *slog.Logger) error {
+	cfg, err := parseConfig(f, log)
+	if err != nil {
+		return err
+	}
+	if (f.kubeconfig == "") == (f.manifests == "") && !f.cleanup {
+		return errors.New("give exactly one of --kubeconfig and --manifests")
+	}
+	p, backend, err := proxy.Build(cfg)
+	if err != nil {
+		return err
+	}
+	if f.cleanup {
+		return p.Cleanup()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if f.dryRun {
+		ipt, ok := backend.(*iptables.Backend)
+		if !ok {
+			return fmt.Errorf("--dry-run: not supported by mode %s", f.mode)
+		}
+		dctx, done := context.WithCancel(ctx)
+		p = proxy.New(printer{ipt, done}, proxy.Options{Log: log, NodeName: cfg.NodeName, Zone: cfg.Zone})
+		ctx = dctx
+	}
+	var source func(context.Context) error
+	if f.manifests != "" {
+		source = func(ctx context.Context) error { return kube.WatchManifests(ctx, f.manifests, p, log) }
+	} else {
+		rc, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+		if err != nil {
+			return err
+		}
+		rc.UserAgent = "weft-proxy/" + buildinfo.Version
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return err
+		}
+		source = func(ctx context.Context) error { return kube.WatchServices(ctx, client, p) }
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- source(ctx) }()
+	if !f.dryRun {
+		if err := serve(f.healthz, healthHandler(p)); err != nil {
+			return err
+		}
+		if err := serve(f.metrics, p.Metrics().Handler()); err != nil {
+			return err
+		}
+	}
+	log.Info("weft-proxy starting", "mode", cfg.Mode, "node", cfg.NodeName, "nodeIPs", cfg.NodeIPs, "version", buildinfo.Version)
+	go p.Run(ctx)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// printer is the --dry-run backend: it prints the first sync and stops.
+type printer struct {
+	b    *iptables.Backend
+	done context.CancelFunc
+}
+
+func (d printer) Sync(st model.State, _ bool) error {
+	for _, rs := range d.b.Render(st) {
+		fmt.Printf("# IPv%d\n%s", rs.Family, iptables.Payload(rs))
+	}
+	d.done()
+	return nil
+}
+
+func (printer) Cleanup() error { return nil }
+
+func serve(addr string, h http.Handler) error {
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	go func() { _ = http.Serve(ln, h) }()
+	return nil
+}
+
+// healthHandler answers /healthz like kube-proxy (200 once rules are
+// synced, with the last update time) and /livez (the process is alive).
+func healthHandler(p *proxy.Proxier) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if !p.Healthy() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"currentTime": time.Now().UTC(), "healthy": p.Healthy()})
+	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	return mux
+}

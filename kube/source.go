@@ -1,0 +1,68 @@
+package kube
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// ServiceHandler receives Services and EndpointSlices: old nil on add,
+// new nil on delete. OnSynced follows the initial state.
+type ServiceHandler interface {
+	OnService(old, new *corev1.Service)
+	OnEndpointSlice(old, new *discoveryv1.EndpointSlice)
+	OnSynced()
+}
+
+// WatchServices feeds h from informers until ctx ends.
+func WatchServices(ctx context.Context, c kubernetes.Interface, h ServiceHandler) error {
+	f := informers.NewSharedInformerFactory(c, 0)
+	svc := f.Core().V1().Services().Informer()
+	eps := f.Discovery().V1().EndpointSlices().Informer()
+	if _, err := svc.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { h.OnService(nil, o.(*corev1.Service)) },
+		UpdateFunc: func(o, n any) { h.OnService(o.(*corev1.Service), n.(*corev1.Service)) },
+		DeleteFunc: func(o any) {
+			if s, ok := unwrap(o).(*corev1.Service); ok {
+				h.OnService(s, nil)
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	if _, err := eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { h.OnEndpointSlice(nil, o.(*discoveryv1.EndpointSlice)) },
+		UpdateFunc: func(o, n any) { h.OnEndpointSlice(o.(*discoveryv1.EndpointSlice), n.(*discoveryv1.EndpointSlice)) },
+		DeleteFunc: func(o any) {
+			if s, ok := unwrap(o).(*discoveryv1.EndpointSlice); ok {
+				h.OnEndpointSlice(s, nil)
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), svc.HasSynced, eps.HasSynced) {
+		return ctx.Err()
+	}
+	h.OnSynced()
+	<-ctx.Done()
+	return nil
+}
+
+func unwrap(o any) any {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		return d.Obj
+	}
+	return o
+}
+
+// pollInterval is how often the manifest directory is checked for changes.
+const pollInterval = 500 * time.Millisecond
+
+func newTicker() *time.Ticker { return time.NewTicker(pollInterval) }

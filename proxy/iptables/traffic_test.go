@@ -1,0 +1,241 @@
+package iptables_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/proxy/iptables"
+)
+
+// TestServiceTraffic programs Services through the iptables backend and
+// proves each feature with real connections: who answered and what source
+// address the server saw.
+func TestServiceTraffic(t *testing.T) {
+	n := newNode(t, "a", "b", "c")
+	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
+	n.svcs = []*corev1.Service{
+		service("web", "10.96.0.10", nil),
+		service("np", "10.96.0.11", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30080
+		}),
+		service("local", "10.96.0.12", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30081
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}),
+		service("remote-only", "10.96.0.13", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30082
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}),
+		service("lb", "10.96.0.14", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.Ports[0].NodePort = 30083
+			s.Spec.LoadBalancerSourceRanges = []string{extIP + "/32"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
+		}),
+		service("sticky", "10.96.0.15", func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }),
+		service("empty", "10.96.0.16", nil),
+		service("self", "10.96.0.17", nil),
+	}
+	n.slices = append(n.slices,
+		slice("web", n.local("a"), n.local("b"), n.local("c")),
+		slice("np", n.local("b"), n.local("c")),
+		slice("local", n.local("c"), endpoint{remoteEP, otherNode}),
+		slice("remote-only", endpoint{remoteEP, otherNode}),
+		slice("lb", n.local("b")),
+		slice("sticky", n.local("a"), n.local("b"), n.local("c")),
+		slice("self", n.local("a")),
+	)
+	n.sync()
+
+	t.Run("ClusterIP from a pod spreads over endpoints, source kept", func(t *testing.T) {
+		seen := map[string]bool{}
+		for i := 0; i < 30; i++ {
+			r, err := get(a.ns, "", "http://10.96.0.10/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Only a hairpin (a answering itself) is masqueraded.
+			if r.Pod != "a" && r.Client != a.ip.String() {
+				t.Fatalf("%s saw %s, want the pod's own %s", r.Pod, r.Client, a.ip)
+			}
+			seen[r.Pod] = true
+		}
+		if len(seen) < 2 {
+			t.Fatalf("30 requests all went to %v", seen)
+		}
+	})
+	t.Run("ClusterIP from the node", func(t *testing.T) {
+		if _, err := get("", "", "http://10.96.0.10/"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("NodePort from outside is masqueraded", func(t *testing.T) {
+		for i := 0; i < 5; i++ {
+			r, err := get(n.ext, "", "http://"+nodeIP+":30080/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Pod != "b" && r.Pod != "c" {
+				t.Fatalf("answered by %s, not an endpoint of np", r.Pod)
+			}
+			if r.Client == extIP || !strings.HasPrefix(r.Client, "10.244.1.") {
+				t.Fatalf("%s saw %s, want the node's address (SNAT)", r.Pod, r.Client)
+			}
+		}
+	})
+	t.Run("externalTrafficPolicy Local keeps the client address and the local endpoint", func(t *testing.T) {
+		for i := 0; i < 8; i++ {
+			r, err := get(n.ext, "", "http://"+nodeIP+":30081/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Pod != "c" || r.Client != extIP {
+				t.Fatalf("%s saw %s, want c seeing %s", r.Pod, r.Client, extIP)
+			}
+		}
+	})
+	t.Run("externalTrafficPolicy Local without a local endpoint drops", func(t *testing.T) {
+		_, err := get(n.ext, "", "http://"+nodeIP+":30082/")
+		if err == nil || strings.Contains(err.Error(), "refused") {
+			t.Fatalf("got %v, want a timeout (dropped)", err)
+		}
+	})
+	t.Run("LoadBalancer IP allowed and blocked by sourceRanges", func(t *testing.T) {
+		r, err := get(n.ext, extIP, "http://"+lbIP+"/")
+		if err != nil || r.Pod != "b" {
+			t.Fatalf("from %s: %+v %v, want b", extIP, r, err)
+		}
+		if r, err := get(n.ext, extIP2, "http://"+lbIP+"/"); err == nil {
+			t.Fatalf("from %s (outside sourceRanges) answered by %s", extIP2, r.Pod)
+		}
+	})
+	t.Run("ClientIP affinity sticks", func(t *testing.T) {
+		first := ""
+		for i := 0; i < 15; i++ {
+			r, err := get(b.ns, "", "http://10.96.0.15/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first == "" {
+				first = r.Pod
+			}
+			if r.Pod != first {
+				t.Fatalf("request %d went to %s, the first to %s", i, r.Pod, first)
+			}
+		}
+	})
+	t.Run("no endpoints is rejected at once", func(t *testing.T) {
+		_, err := get(c.ns, "", "http://10.96.0.16/")
+		if err == nil || !strings.Contains(err.Error(), "refused") {
+			t.Fatalf("got %v, want connection refused", err)
+		}
+	})
+	t.Run("hairpin: a pod reaches itself through its service", func(t *testing.T) {
+		r, err := get(a.ns, "", "http://10.96.0.17/")
+		if err != nil || r.Pod != "a" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+}
+
+// TestPartialSyncAndRestart: one endpoint change rewrites a few chains, not
+// all; a fresh backend (a restarted proxy) does a full sync under an open
+// connection, which keeps working.
+func TestPartialSyncAndRestart(t *testing.T) {
+	n := newNode(t, "a", "b")
+	a, b := n.pods["a"], n.pods["b"]
+	for i := 0; i < 20; i++ {
+		ip := fmt.Sprintf("10.96.1.%d", i+1)
+		n.svcs = append(n.svcs, service(fmt.Sprintf("s%d", i), ip, nil))
+		n.slices = append(n.slices, slice(fmt.Sprintf("s%d", i), n.local("a")))
+	}
+	full := n.sync()
+	if !full.Full {
+		t.Fatalf("first sync not full: %+v", full)
+	}
+	n.slices[3] = slice("s3", n.local("a"), n.local("b"))
+	part := n.sync()
+	if part.Full || part.Chains == 0 || part.Chains > 6 {
+		t.Fatalf("one endpoint change rewrote %d chains (full sync wrote %d)", part.Chains, full.Chains)
+	}
+
+	var conn net.Conn
+	if err := netnsutil.Do(b.ns, func() (err error) {
+		conn, err = net.DialTimeout("tcp", "10.96.1.1:81", 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	talk := func(msg string) {
+		t.Helper()
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintln(conn, msg)
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatalf("after %q: %v", msg, err)
+		}
+	}
+	talk("hello")
+	restarted := iptables.New(iptables.Config{NodeName: nodeName, ClusterCIDRs: n.backend.Config().ClusterCIDRs}, []int{4}, iptables.Exec{})
+	n.backend = restarted
+	if st := n.sync(); !st.Full {
+		t.Fatalf("a new backend's first sync is not full: %+v", st)
+	}
+	talk("after restart")
+	if r, err := get(a.ns, "", "http://10.96.1.4/"); err != nil {
+		t.Fatalf("service after restart: %+v %v", r, err)
+	}
+}
+
+// TestForeignRulesSurvive: rules weft does not own survive syncs and cleanup.
+func TestForeignRulesSurvive(t *testing.T) {
+	n := newNode(t, "a")
+	for _, args := range [][]string{
+		{"-t", "nat", "-N", "FOREIGN"}, {"-t", "nat", "-A", "FOREIGN", "-d", "198.51.100.1/32", "-j", "RETURN"},
+		{"-t", "nat", "-A", "PREROUTING", "-j", "FOREIGN"}, {"-t", "filter", "-A", "FORWARD", "-s", "198.51.100.2/32", "-j", "DROP"},
+	} {
+		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables %v: %v %s", args, err, out)
+		}
+	}
+	n.svcs = []*corev1.Service{service("web", "10.96.0.10", nil)}
+	n.slices = []*discoveryv1.EndpointSlice{slice("web", n.local("a"))}
+	n.sync()
+	n.slices = nil
+	n.sync()
+	if err := n.backend.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	save := func(table string) string {
+		out, err := exec.Command("iptables-save", "-t", table).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	nat, filter := save("nat"), save("filter")
+	for _, want := range []string{"-A FOREIGN -d 198.51.100.1/32 -j RETURN", "-A PREROUTING -j FOREIGN"} {
+		if !strings.Contains(nat, want) {
+			t.Errorf("foreign nat rule %q gone:\n%s", want, nat)
+		}
+	}
+	if !strings.Contains(filter, "-A FORWARD -s 198.51.100.2/32 -j DROP") {
+		t.Errorf("foreign filter rule gone:\n%s", filter)
+	}
+	if strings.Contains(nat+filter, "WEFT-") {
+		t.Errorf("weft rules left after cleanup:\n%s%s", nat, filter)
+	}
+}

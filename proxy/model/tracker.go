@@ -1,0 +1,150 @@
+package model
+
+import (
+	"maps"
+	"slices"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Tracker keeps the latest Services and EndpointSlices, fed by informer
+// events, and turns them into State on demand. Any number of events between
+// two snapshots coalesce: Snapshot rebuilds only the Services that events
+// touched (with their slices) and compares the result with the previous
+// snapshot, so an event that changes nothing reports nothing. It is safe
+// for concurrent use.
+type Tracker struct {
+	mu    sync.Mutex // guards x and dirty
+	x     *index
+	dirty map[key]struct{}
+
+	snap  sync.Mutex // serialises Snapshot; guards the fields below
+	state State
+	ports map[key]map[ServicePortName]bool // by Service key, in state
+	errs  map[key][]ObjectError            // by Service key, as built
+}
+
+// NewTracker returns an empty Tracker.
+func NewTracker() *Tracker {
+	return &Tracker{
+		x:     newIndex(),
+		dirty: map[key]struct{}{},
+		state: State{Ports: map[ServicePortName]*ServicePort{}, Endpoints: map[ServicePortName][]Endpoint{}},
+		ports: map[key]map[ServicePortName]bool{},
+		errs:  map[key][]ObjectError{},
+	}
+}
+
+// OnService records an add (old nil), update or delete (new nil). The
+// Tracker keeps the pointer: the object must not be modified afterwards, as
+// informers guarantee.
+func (t *Tracker) OnService(old, new *corev1.Service) {
+	obj := cmpOr(new, old)
+	if obj == nil {
+		return
+	}
+	k := keyOf(obj.Namespace, obj.Name)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.x.setService(k, new)
+	t.dirty[k] = struct{}{}
+}
+
+// OnEndpointSlice records an add (old nil), update or delete (new nil). A
+// slice relabelled to another Service leaves the old one's group and joins
+// the new one's, and both are rebuilt.
+func (t *Tracker) OnEndpointSlice(old, new *discoveryv1.EndpointSlice) {
+	obj := cmpOr(new, old)
+	if obj == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range t.x.setSlice(keyOf(obj.Namespace, obj.Name), new) {
+		t.dirty[k] = struct{}{}
+	}
+}
+
+// Snapshot returns the current State, which equals Build over the objects
+// the Tracker holds; the service ports that changed since the previous
+// Snapshot (added, removed, or with a different ServicePort or endpoint
+// list); and every current ObjectError, in Build's order (the complete
+// set, not just the new ones). The State is shared with later snapshots
+// and must be treated as read-only.
+func (t *Tracker) Snapshot() (State, map[ServicePortName]bool, []ObjectError) {
+	t.snap.Lock()
+	defer t.snap.Unlock()
+
+	type job struct {
+		k   key
+		svc *corev1.Service
+		esl []*discoveryv1.EndpointSlice
+	}
+	t.mu.Lock()
+	jobs := make([]job, 0, len(t.dirty))
+	for k := range t.dirty {
+		jobs = append(jobs, job{k, t.x.services[k], t.x.slicesOf(k)})
+	}
+	clear(t.dirty)
+	t.mu.Unlock()
+
+	changed := map[ServicePortName]bool{}
+	if len(jobs) > 0 {
+		// Copy on write: the previous State stays valid for its holders.
+		st := State{Ports: maps.Clone(t.state.Ports), Endpoints: maps.Clone(t.state.Endpoints)}
+		for _, j := range jobs {
+			t.apply(st, j.k, buildGroup(j.k, j.svc, j.esl), changed)
+		}
+		t.state = st
+	}
+	return t.state, changed, t.allErrors()
+}
+
+// apply replaces key k's ports in st by b's, recording what changed.
+func (t *Tracker) apply(st State, k key, b built, changed map[ServicePortName]bool) {
+	if len(b.errs) > 0 {
+		t.errs[k] = b.errs
+	} else {
+		delete(t.errs, k)
+	}
+	now := make(map[ServicePortName]bool, len(b.ports))
+	for _, sp := range b.ports {
+		now[sp.Name] = true
+		eps := b.endpoints[sp.Name]
+		if old, ok := st.Ports[sp.Name]; !ok || !old.Equal(sp) || !EqualEndpoints(st.Endpoints[sp.Name], eps) {
+			changed[sp.Name] = true
+		}
+		st.Ports[sp.Name] = sp
+		st.Endpoints[sp.Name] = eps
+	}
+	for name := range t.ports[k] {
+		if !now[name] {
+			delete(st.Ports, name)
+			delete(st.Endpoints, name)
+			changed[name] = true
+		}
+	}
+	if len(now) > 0 {
+		t.ports[k] = now
+	} else {
+		delete(t.ports, k)
+	}
+}
+
+// allErrors concatenates the current errors in Build's order.
+func (t *Tracker) allErrors() []ObjectError {
+	var out []ObjectError
+	for _, k := range slices.SortedFunc(maps.Keys(t.errs), compareKeys) {
+		out = append(out, t.errs[k]...)
+	}
+	return out
+}
+
+func cmpOr[T any](a, b *T) *T {
+	if a != nil {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,113 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Protocol is a service port's transport protocol.
+type Protocol string
+
+// The protocols Services support.
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// ServicePortName identifies one port of one Service.
+type ServicePortName struct {
+	Namespace, Name string
+	Port            string // the port's name; "" for a single unnamed port
+	Protocol        Protocol
+}
+
+func (n ServicePortName) String() string {
+	return fmt.Sprintf("%s/%s:%s/%s", n.Namespace, n.Name, n.Port, n.Protocol)
+}
+
+// ServicePort is everything a backend needs to program one service port.
+type ServicePort struct {
+	Name ServicePortName
+	// ClusterIPs has one address per family the Service uses; it is empty
+	// for headless Services, which are not proxied (Build leaves them out).
+	ClusterIPs []netip.Addr
+	Port       uint16
+	Protocol   Protocol
+	// NodePort is 0 unless the Service is NodePort or LoadBalancer typed.
+	NodePort            uint16
+	ExternalIPs         []netip.Addr
+	LoadBalancerIPs     []netip.Addr   // status.loadBalancer.ingress[].ip with ipMode VIP (or unset)
+	SourceRanges        []netip.Prefix // spec.loadBalancerSourceRanges (masked)
+	ExternalPolicyLocal bool           // externalTrafficPolicy: Local (NodePort, LoadBalancer)
+	InternalPolicyLocal bool           // internalTrafficPolicy: Local
+	HealthCheckNodePort uint16         // set when ExternalPolicyLocal
+	// AffinitySeconds is the ClientIP session affinity timeout; 0 means none.
+	AffinitySeconds int
+	// PreferClose is trafficDistribution: PreferClose (zone hints used).
+	PreferClose bool
+	// PreferSameNode is trafficDistribution: PreferSameNode (node hints
+	// used, then zone hints). Like PreferClose it is informational: Select
+	// follows the endpoints' hints, which the EndpointSlice controller sets
+	// from trafficDistribution (see doc.go).
+	PreferSameNode bool
+}
+
+// HasExternal reports whether the port has any external entry point.
+func (p *ServicePort) HasExternal() bool {
+	return p.NodePort != 0 || len(p.ExternalIPs) > 0 || len(p.LoadBalancerIPs) > 0
+}
+
+// Endpoint is one backend of a service port.
+type Endpoint struct {
+	IP   netip.Addr
+	Port uint16
+	// Conditions as EndpointSlices carry them (nil Ready counts as ready,
+	// nil Serving as Ready, nil Terminating as false).
+	Ready, Serving, Terminating bool
+	NodeName                    string
+	Zone                        string
+	ZoneHints                   []string // hints.forZones
+	NodeHints                   []string // hints.forNodes
+}
+
+func (e Endpoint) String() string {
+	return netip.AddrPortFrom(e.IP, e.Port).String()
+}
+
+// State is the whole desired proxy state: what every backend renders.
+type State struct {
+	Ports     map[ServicePortName]*ServicePort
+	Endpoints map[ServicePortName][]Endpoint // deduplicated by IP:port, sorted
+}
+
+// Selected are the endpoints one node uses for one service port, with
+// kube-proxy's semantics (see Select).
+type Selected struct {
+	// Internal serves traffic to ClusterIPs; External serves traffic to
+	// NodePorts, externalIPs and LoadBalancer IPs. Each is the local or the
+	// cluster-wide list according to the port's traffic policies.
+	Internal, External []Endpoint
+	// Local are the usable endpoints on this node (health check count).
+	Local []Endpoint
+	// HasAny is true when the port has any usable endpoint anywhere: with no
+	// endpoint at all traffic is rejected; with endpoints but none usable
+	// here (Local policies), it is dropped.
+	HasAny bool
+}
+
+// ObjectError is a problem with one Service or EndpointSlice: the object is
+// skipped (or, for one bad field of a Service, the affected port), and the
+// error names the object's key and the field.
+type ObjectError struct {
+	Kind  string // "Service" or "EndpointSlice"
+	Key   string // namespace/name
+	Field string // e.g. "spec.clusterIP", "endpoints[2].addresses[0]"
+	Err   error
+}
+
+func (e ObjectError) Error() string {
+	return fmt.Sprintf("%s %s: %s: %v", e.Kind, e.Key, e.Field, e.Err)
+}
+
+func (e ObjectError) Unwrap() error { return e.Err }

@@ -1,0 +1,205 @@
+// Package proxy is weft's service proxy: Services and EndpointSlices go into
+// a change tracker (proxy/model), a bounded-frequency runner (proxy/runner)
+// syncs the model into a backend (proxy/iptables, later nftables, IPVS,
+// eBPF), and around the sync sit the health-check node ports, the UDP
+// conntrack cleanup and the metrics. weft-proxy runs it standalone;
+// weft-agent runs the same code on every node.
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weftnet/weft/proxy/healthcheck"
+	"github.com/weftnet/weft/proxy/model"
+	"github.com/weftnet/weft/proxy/runner"
+)
+
+// Backend programs the data plane from the model.
+type Backend interface {
+	// Sync makes the data plane match st; full rewrites everything.
+	Sync(st model.State, full bool) error
+	// Cleanup removes everything the backend installed.
+	Cleanup() error
+}
+
+// Options configure a Proxier.
+type Options struct {
+	NodeName, Zone string
+	MinSyncPeriod  time.Duration // default 100ms
+	SyncPeriod     time.Duration // full resync, default 1h
+	Log            *slog.Logger
+	// Health serves health-check node ports; nil disables them.
+	Health *healthcheck.Server
+	// FlushUDP deletes stale UDP conntrack entries; nil disables it.
+	FlushUDP func(ip netip.Addr, port uint16, orig bool) error
+}
+
+// Proxier ties the tracker, the runner and a backend together.
+type Proxier struct {
+	opts    Options
+	backend Backend
+	tracker *model.Tracker
+	runner  *runner.Runner
+	metrics *Metrics
+
+	mu         sync.Mutex
+	pendingAt  time.Time // first change not yet synced
+	prev       model.State
+	synced     atomic.Bool // the sources delivered their initial state
+	lastSyncOK atomic.Int64
+}
+
+// New returns a proxier; feed it events, then Run it.
+func New(b Backend, o Options) *Proxier {
+	if o.MinSyncPeriod == 0 {
+		o.MinSyncPeriod = 100 * time.Millisecond
+	}
+	if o.SyncPeriod == 0 {
+		o.SyncPeriod = time.Hour
+	}
+	p := &Proxier{opts: o, backend: b, tracker: model.NewTracker(), metrics: NewMetrics()}
+	p.runner = runner.New(p.sync, o.MinSyncPeriod, o.SyncPeriod)
+	return p
+}
+
+// Metrics returns the proxier's Prometheus metrics.
+func (p *Proxier) Metrics() *Metrics { return p.metrics }
+
+func (p *Proxier) changed() {
+	p.mu.Lock()
+	if p.pendingAt.IsZero() {
+		p.pendingAt = time.Now()
+	}
+	p.mu.Unlock()
+	if p.synced.Load() {
+		p.runner.Trigger()
+	}
+}
+
+// OnService records a Service add (old nil), update or delete (new nil).
+func (p *Proxier) OnService(old, new *corev1.Service) { p.tracker.OnService(old, new); p.changed() }
+
+// OnEndpointSlice records an EndpointSlice add, update or delete.
+func (p *Proxier) OnEndpointSlice(old, new *discoveryv1.EndpointSlice) {
+	p.tracker.OnEndpointSlice(old, new)
+	p.changed()
+}
+
+// OnSynced tells the proxier that the sources delivered their initial
+// state: the first sync waits for it, so that a restart never programs a
+// partial view of the cluster.
+func (p *Proxier) OnSynced() {
+	p.synced.Store(true)
+	p.runner.Trigger()
+}
+
+// Run syncs until ctx ends.
+func (p *Proxier) Run(ctx context.Context) { p.runner.Run(ctx) }
+
+// Healthy reports whether the last sync succeeded (and one happened).
+func (p *Proxier) Healthy() bool { return p.lastSyncOK.Load() > 0 }
+
+// Cleanup removes what the backend installed.
+func (p *Proxier) Cleanup() error { return p.backend.Cleanup() }
+
+func (p *Proxier) sync(ctx context.Context, full bool) error {
+	if !p.synced.Load() {
+		return nil
+	}
+	start := time.Now()
+	p.mu.Lock()
+	pendingAt := p.pendingAt
+	p.pendingAt = time.Time{}
+	p.mu.Unlock()
+
+	st, changed, errs := p.tracker.Snapshot()
+	for _, e := range errs {
+		p.opts.Log.Warn("skipping invalid object", "kind", e.Kind, "key", e.Key, "field", e.Field, "err", e.Err)
+	}
+	if err := p.backend.Sync(st, full); err != nil {
+		p.lastSyncOK.Store(0)
+		p.metrics.syncErrors.Inc()
+		p.opts.Log.Error("sync failed", "err", err)
+		p.mu.Lock()
+		if p.pendingAt.IsZero() || (!pendingAt.IsZero() && pendingAt.Before(p.pendingAt)) {
+			p.pendingAt = pendingAt
+		}
+		p.mu.Unlock()
+		return err
+	}
+	done := time.Now()
+	p.lastSyncOK.Store(done.UnixNano())
+	p.metrics.syncDuration.Observe(done.Sub(start).Seconds())
+	p.metrics.lastSync.Set(float64(done.Unix()))
+	if !pendingAt.IsZero() {
+		p.metrics.programming.Observe(done.Sub(pendingAt).Seconds())
+	}
+	p.metrics.servicePorts.Set(float64(len(st.Ports)))
+	p.syncHealth(st)
+	p.flushConntrack(st, changed)
+	p.prev = st
+	return nil
+}
+
+// syncHealth serves a health-check port for each Service with
+// externalTrafficPolicy Local, counting this node's usable endpoints.
+func (p *Proxier) syncHealth(st model.State) {
+	if p.opts.Health == nil {
+		return
+	}
+	want := map[uint16]healthcheck.Service{}
+	for name, sp := range st.Ports {
+		if !sp.ExternalPolicyLocal || sp.HealthCheckNodePort == 0 {
+			continue
+		}
+		local := len(model.Select(sp, st.Endpoints[name], p.opts.NodeName, p.opts.Zone).Local)
+		cur := want[sp.HealthCheckNodePort]
+		cur.Namespace, cur.Name = name.Namespace, name.Name
+		cur.LocalEndpoints = max(cur.LocalEndpoints, local)
+		want[sp.HealthCheckNodePort] = cur
+	}
+	if err := p.opts.Health.Sync(want); err != nil {
+		p.opts.Log.Warn("health check node ports", "err", err)
+	}
+}
+
+// flushConntrack removes UDP conntrack entries that would keep clients on
+// a removed endpoint, or on a VIP that used to have no endpoints.
+func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortName]bool) {
+	if p.opts.FlushUDP == nil || p.prev.Ports == nil {
+		return
+	}
+	for name := range changed {
+		sp := st.Ports[name]
+		old := p.prev.Ports[name]
+		if (sp != nil && sp.Protocol != model.UDP) || (sp == nil && (old == nil || old.Protocol != model.UDP)) {
+			continue
+		}
+		now := map[netip.Addr]bool{}
+		for _, e := range st.Endpoints[name] {
+			now[e.IP] = true
+		}
+		for _, e := range p.prev.Endpoints[name] {
+			if !now[e.IP] {
+				if err := p.opts.FlushUDP(e.IP, e.Port, false); err != nil {
+					p.opts.Log.Warn("conntrack cleanup", "service", name.String(), "endpoint", e.String(), "err", err)
+				}
+			}
+		}
+		if sp != nil && len(p.prev.Endpoints[name]) == 0 && len(st.Endpoints[name]) > 0 {
+			for _, vip := range append(append([]netip.Addr{}, sp.ClusterIPs...), sp.ExternalIPs...) {
+				if err := p.opts.FlushUDP(vip, sp.Port, true); err != nil {
+					p.opts.Log.Warn("conntrack cleanup", "service", name.String(), "vip", vip.String(), "err", err)
+				}
+			}
+		}
+	}
+}

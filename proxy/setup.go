@@ -1,0 +1,89 @@
+package proxy
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/weftnet/weft/proxy/healthcheck"
+	"github.com/weftnet/weft/proxy/iptables"
+)
+
+// Config is the proxy configuration shared by weft-proxy and weft-agent.
+type Config struct {
+	Mode              string // "iptables"
+	NodeName, Zone    string
+	NodeIPs           []netip.Addr
+	NodePortAddresses []netip.Prefix // empty: every node IP
+	ClusterCIDRs      []netip.Prefix
+	MasqueradeAll     bool
+	MasqueradeBit     int
+	IPTablesVariant   string // "", "nft" or "legacy"
+	MinSyncPeriod     time.Duration
+	SyncPeriod        time.Duration
+	HealthCheckPorts  bool
+	Log               *slog.Logger
+}
+
+// NodePortIPs are the node addresses NodePorts answer on.
+func (c Config) NodePortIPs() []netip.Addr {
+	if len(c.NodePortAddresses) == 0 {
+		return c.NodeIPs
+	}
+	var out []netip.Addr
+	for _, ip := range c.NodeIPs {
+		for _, p := range c.NodePortAddresses {
+			if p.Contains(ip) {
+				out = append(out, ip)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Families are the IP families the node has addresses in (IPv4 by default).
+func (c Config) Families() []int {
+	has := map[int]bool{}
+	for _, ip := range c.NodeIPs {
+		if ip.Is4() {
+			has[4] = true
+		} else {
+			has[6] = true
+		}
+	}
+	var out []int
+	for _, f := range []int{4, 6} {
+		if has[f] {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		out = []int{4}
+	}
+	return out
+}
+
+// Build returns the backend for c.Mode and a proxier driving it.
+func Build(c Config) (*Proxier, Backend, error) {
+	if c.MasqueradeBit < 0 || c.MasqueradeBit > 30 {
+		return nil, nil, fmt.Errorf("--masquerade-bit: %d is outside 0..30", c.MasqueradeBit)
+	}
+	var b Backend
+	switch c.Mode {
+	case "iptables", "":
+		b = iptables.New(iptables.Config{
+			NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), ClusterCIDRs: c.ClusterCIDRs,
+			MasqueradeAll: c.MasqueradeAll, MasqueradeBit: c.MasqueradeBit,
+		}, c.Families(), iptables.Exec{Variant: c.IPTablesVariant})
+	default:
+		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables)", c.Mode)
+	}
+	o := Options{NodeName: c.NodeName, Zone: c.Zone, MinSyncPeriod: c.MinSyncPeriod, SyncPeriod: c.SyncPeriod,
+		Log: c.Log, FlushUDP: flushUDP}
+	if c.HealthCheckPorts {
+		o.Health = healthcheck.NewServer()
+	}
+	return New(b, o), b, nil
+}
