@@ -43,8 +43,9 @@ func (m *metrics) observe(d time.Duration, err error) {
 	m.syncs.WithLabelValues("ok").Inc()
 }
 
-// Handler serves /healthz (200 once a sync succeeded recently) and /metrics.
-func (a *Agent) Handler() http.Handler {
+// Handler serves /healthz (200 once a sync succeeded recently) and /metrics,
+// with the metrics of extra registries (the proxy's) alongside the agent's.
+func (a *Agent) Handler(extra ...*prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.Healthy() {
@@ -53,6 +54,10 @@ func (a *Agent) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{}))
+	gatherers := prometheus.Gatherers{a.metrics.registry}
+	for _, r := range extra {
+		gatherers = append(gatherers, r)
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{}))
 	return mux
 }

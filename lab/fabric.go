@@ -121,6 +121,14 @@ func attach(m Member) error {
 		if err := netlink.LinkSetUp(eth); err != nil {
 			return err
 		}
+		if m.NS != ExternalNS {
+			// Like real machines, members have a default route: the external
+			// host plays the outside world's router.
+			gw := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: ExternalIP.AsSlice()}
+			if err := netlink.RouteAdd(gw); err != nil {
+				return fmt.Errorf("default route: %w", err)
+			}
+		}
 		return writeSysctl("net/ipv4/ip_forward", "1")
 	})
 }

@@ -175,6 +175,7 @@ func nodeDaemons(o Options, members []Member) []Proc {
 				"--routing", o.Routing, "--cluster-cidr", ClusterCIDR, "--resync", "10s",
 				"--cni-conf-dir", filepath.Join(nd, "net.d"), "--ipam-data-dir", filepath.Join(nd, "ipam"),
 				"--healthz-addr", fmt.Sprintf(":%d", AgentPort),
+				"--node-ip", n.IP.String(), "--proxy-mode", "iptables",
 			}},
 			Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Args: []string{
 				filepath.Join(o.BinDir, "weftctl"), "lab", "kubelet", "--dir", o.Dir, "--node", n.Name,

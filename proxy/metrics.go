@@ -39,8 +39,7 @@ func NewMetrics() *Metrics {
 			Name: "weft_proxy_service_ports", Help: "Service ports in the last synced state",
 		}),
 	}
-	m.Registry.MustRegister(m.syncDuration, m.programming, m.lastSync, m.syncErrors, m.servicePorts,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.syncDuration, m.programming, m.lastSync, m.syncErrors, m.servicePorts)
 	return m
 }
 

@@ -22,9 +22,13 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/weftnet/weft/agent"
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/buildinfo"
+	"github.com/weftnet/weft/kube"
+	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/routing"
 )
 
@@ -40,16 +44,60 @@ func main() {
 	resync := flag.Duration("resync", 30*time.Second, "full resync period (repairs drift)")
 	healthz := flag.String("healthz-addr", ":9876", "address for /healthz and /metrics")
 	cleanup := flag.Bool("cleanup", false, "remove everything weft-agent installed on this node and exit")
+	var px proxyFlags
+	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, or none to leave Services to another proxy")
+	flag.StringVar(&px.nodeIPs, "node-ip", os.Getenv("NODE_IP"), "this node's addresses, comma-separated (NodePorts answer on them; default $NODE_IP)")
+	flag.StringVar(&px.nodePortAddrs, "nodeport-addresses", "", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
+	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
+	flag.DurationVar(&px.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between proxy syncs")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(log, *kubeconfig, *node, *mode, *clusterCIDR, *confDir, *dataDir, *bridge, *mtu, *resync, *healthz, *cleanup); err != nil {
+	if err := run(log, *kubeconfig, *node, *mode, *clusterCIDR, *confDir, *dataDir, *bridge, *mtu, *resync, *healthz, *cleanup, px); err != nil {
 		log.Error("weft-agent failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir, bridge string, mtu int, resync time.Duration, healthz string, cleanup bool) error {
+// proxyFlags configure the service proxy the agent runs.
+type proxyFlags struct {
+	mode, nodeIPs, nodePortAddrs string
+	masqAll                      bool
+	minSync                      time.Duration
+}
+
+// proxyConfig turns the flags into the proxy's configuration.
+func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) (proxy.Config, error) {
+	c := proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
+		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy")}
+	for _, s := range splitList(f.nodeIPs) {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return c, fmt.Errorf("--node-ip: %w", err)
+		}
+		c.NodeIPs = append(c.NodeIPs, ip)
+	}
+	for _, s := range splitList(f.nodePortAddrs) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return c, fmt.Errorf("--nodeport-addresses: %w", err)
+		}
+		c.NodePortAddresses = append(c.NodePortAddresses, p.Masked())
+	}
+	return c, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir, bridge string, mtu int, resync time.Duration, healthz string, cleanup bool, px proxyFlags) error {
 	if node == "" {
 		return errors.New("--node-name: required (or set NODE_NAME)")
 	}
@@ -57,8 +105,8 @@ func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir
 		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", mode)
 	}
 	var cidrs []netip.Prefix
-	for _, s := range strings.Split(clusterCIDR, ",") {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+	for _, s := range splitList(clusterCIDR) {
+		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			return fmt.Errorf("--cluster-cidr: %w", err)
 		}
@@ -83,16 +131,42 @@ func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir
 		NodeName: node, Routing: routing.Mode(mode), ClusterCIDRs: cidrs, CNIConfDir: confDir,
 		IPAMDataDir: dataDir, Bridge: bridge, MTU: mtu, Resync: resync, Log: log,
 	})
+	var p *proxy.Proxier
+	if px.mode != "none" {
+		pc, err := px.config(node, cidrs, log)
+		if err != nil {
+			return err
+		}
+		if p, _, err = proxy.Build(pc); err != nil {
+			return err
+		}
+	}
 	if cleanup {
-		return a.Cleanup()
+		errs := []error{a.Cleanup()}
+		if p != nil {
+			errs = append(errs, p.Cleanup())
+		}
+		return errors.Join(errs...)
 	}
 	ln, err := net.Listen("tcp", healthz)
 	if err != nil {
 		return fmt.Errorf("--healthz-addr: %w", err)
 	}
-	go func() { _ = http.Serve(ln, a.Handler()) }()
+	var extra []*prometheus.Registry
+	if p != nil {
+		extra = append(extra, p.Metrics().Registry)
+	}
+	go func() { _ = http.Serve(ln, a.Handler(extra...)) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log.Info("weft-agent starting", "node", node, "routing", mode, "version", buildinfo.Version)
+	log.Info("weft-agent starting", "node", node, "routing", mode, "proxy", px.mode, "version", buildinfo.Version)
+	if p != nil {
+		go p.Run(ctx)
+		go func() {
+			if err := kube.WatchServices(ctx, client, p); err != nil {
+				log.Error("watching services", "err", err)
+			}
+		}()
+	}
 	return a.Run(ctx)
 }

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -152,6 +153,7 @@ func run(f flags, log *slog.Logger) error {
 		if err := serve(f.healthz, healthHandler(p)); err != nil {
 			return err
 		}
+		p.Metrics().Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		if err := serve(f.metrics, p.Metrics().Handler()); err != nil {
 			return err
 		}

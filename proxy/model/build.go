@@ -16,14 +16,14 @@ import (
 // is pure, and the result does not depend on the order of its inputs (of
 // two objects with the same key, the later wins). Errors come in the order
 // of the Service key they belong to, a Service's before its slices'.
-func Build(services []*corev1.Service, slices []*discoveryv1.EndpointSlice) (State, []ObjectError) {
+func Build(services []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) (State, []ObjectError) {
 	x := newIndex()
 	for _, svc := range services {
 		if svc != nil {
 			x.setService(keyOf(svc.Namespace, svc.Name), svc)
 		}
 	}
-	for _, es := range slices {
+	for _, es := range endpointSlices {
 		if es != nil {
 			x.setSlice(keyOf(es.Namespace, es.Name), es)
 		}

@@ -41,7 +41,7 @@ func NewTracker() *Tracker {
 // Tracker keeps the pointer: the object must not be modified afterwards, as
 // informers guarantee.
 func (t *Tracker) OnService(old, new *corev1.Service) {
-	obj := cmpOr(new, old)
+	obj := firstNonNil(new, old)
 	if obj == nil {
 		return
 	}
@@ -56,7 +56,7 @@ func (t *Tracker) OnService(old, new *corev1.Service) {
 // slice relabelled to another Service leaves the old one's group and joins
 // the new one's, and both are rebuilt.
 func (t *Tracker) OnEndpointSlice(old, new *discoveryv1.EndpointSlice) {
-	obj := cmpOr(new, old)
+	obj := firstNonNil(new, old)
 	if obj == nil {
 		return
 	}
@@ -142,7 +142,7 @@ func (t *Tracker) allErrors() []ObjectError {
 	return out
 }
 
-func cmpOr[T any](a, b *T) *T {
+func firstNonNil[T any](a, b *T) *T {
 	if a != nil {
 		return a
 	}

@@ -1,0 +1,152 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/lab/kubelet"
+	"github.com/weftnet/weft/lab/workload"
+)
+
+// fetch GETs url from inside the namespace at nsPath.
+func fetch(nsPath, url string) (workload.Reply, error) {
+	var r workload.Reply
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: lab.DialInNS(nsPath), DisableKeepAlives: true}}
+	resp, err := c.Get(url)
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	return r, json.NewDecoder(resp.Body).Decode(&r)
+}
+
+func (c *cluster) pod(t *testing.T, name, node string, labels map[string]string) (*corev1.Pod, string) {
+	t.Helper()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: "weft-workload",
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
+	if _, err := c.client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p = waitRunning(t, c, "default", name)
+	return p, netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, node, p.UID)
+}
+
+func (c *cluster) waitEndpoints(t *testing.T, svc string, ready int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		list, err := c.client.DiscoveryV1().EndpointSlices("default").List(context.Background(),
+			metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
+		n := 0
+		if err == nil {
+			for _, s := range list.Items {
+				for _, e := range s.Endpoints {
+					if e.Conditions.Ready != nil && *e.Conditions.Ready {
+						n++
+					}
+				}
+			}
+		}
+		if n == ready {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("service %s has %d ready endpoints, want %d (%v)", svc, n, ready, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestServices runs weft's proxy (inside weft-agent) on a lab: ClusterIP
+// from a pod and from a node, NodePort from outside, a readiness flip, and a
+// Service without endpoints.
+func TestServices(t *testing.T) {
+	c := up(t, 3, "hostgw")
+	ctx := context.Background()
+	app := map[string]string{"app": "web"}
+	c.pod(t, "web-1", "node1", app)
+	web2, _ := c.pod(t, "web-2", "node2", app)
+	client, clientNS := c.pod(t, "client", "node3", nil)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeNodePort, Selector: app,
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), NodePort: 30080}},
+	}}
+	svc, err := c.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "empty"}, Spec: corev1.ServiceSpec{
+		Selector: map[string]string{"app": "nothing"}, Ports: []corev1.ServicePort{{Port: 80}}}}
+	if empty, err = c.client.CoreV1().Services("default").Create(ctx, empty, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitEndpoints(t, "web", 2)
+	vip := "http://" + svc.Spec.ClusterIP + "/"
+
+	// The proxies sync within their min-sync-period of the EndpointSlice.
+	answered := map[string]bool{}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(answered) < 2 {
+		r, err := fetch(clientNS, vip)
+		if err == nil {
+			if r.Client != client.Status.PodIP {
+				t.Fatalf("%s saw %s, want the client pod's %s", r.Pod, r.Client, client.Status.PodIP)
+			}
+			answered[r.Pod] = true
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ClusterIP from a pod: answered by %v, last error %v", answered, err)
+		}
+	}
+	if _, err := fetch(c.node("node3").NSPath(), vip); err != nil {
+		t.Fatalf("ClusterIP from a node: %v", err)
+	}
+	for _, n := range []string{"node1", "node3"} {
+		r, err := fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
+		if err != nil {
+			t.Fatalf("NodePort on %s from outside: %v", n, err)
+		}
+		if r.Client != c.node(n).IP.String() {
+			t.Fatalf("NodePort on %s: %s saw %s, want %s's address", n, r.Pod, r.Client, n)
+		}
+	}
+	if _, err := fetch(clientNS, "http://"+empty.Spec.ClusterIP+"/"); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("Service without endpoints: got %v, want connection refused", err)
+	}
+
+	// Readiness flip: web-2 must stop receiving traffic within 1 s.
+	patch := []byte(`{"metadata":{"annotations":{"` + kubelet.ReadyAnnotation + `":"false"}}}`)
+	flipped := time.Now()
+	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, web2.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	clean := 0
+	for clean < 10 {
+		r, err := fetch(clientNS, vip)
+		switch {
+		case err != nil:
+			t.Fatalf("during the readiness flip: %v", err)
+		case r.Pod == "web-2":
+			clean = 0
+		default:
+			clean++
+		}
+		if clean == 0 && time.Since(flipped) > time.Second {
+			t.Fatalf("web-2 still answers %v after it was marked not ready", time.Since(flipped))
+		}
+	}
+	t.Logf("web-2 out of rotation %v after the readiness flip (10 clean answers included)", time.Since(flipped).Round(time.Millisecond))
+}
