@@ -44,4 +44,6 @@ func NewMetrics() *Metrics {
 }
 
 // Handler serves the metrics in the Prometheus text format.
-func (m *Metrics) Handler() http.Handler { return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}) }
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+}

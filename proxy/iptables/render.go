@@ -16,13 +16,13 @@ const (
 	TableNAT    = "nat"
 	TableFilter = "filter"
 
-	chainServices    = "WEFT-SERVICES"         // nat: PREROUTING, OUTPUT
-	chainNodePorts   = "WEFT-NODEPORTS"        // nat: from WEFT-SERVICES for node addresses
-	chainPostrouting = "WEFT-SVC-POSTROUTING"  // nat: POSTROUTING
-	chainMarkMasq    = "WEFT-MARK-MASQ"        // nat
-	chainMarkDrop    = "WEFT-MARK-DROP"        // nat
-	chainFilterSvc   = "WEFT-PROXY-SERVICES"   // filter: INPUT, FORWARD, OUTPUT (new connections)
-	chainFilterFwd   = "WEFT-PROXY-FORWARD"    // filter: FORWARD
+	chainServices    = "WEFT-SERVICES"        // nat: PREROUTING, OUTPUT
+	chainNodePorts   = "WEFT-NODEPORTS"       // nat: from WEFT-SERVICES for node addresses
+	chainPostrouting = "WEFT-SVC-POSTROUTING" // nat: POSTROUTING
+	chainMarkMasq    = "WEFT-MARK-MASQ"       // nat
+	chainMarkDrop    = "WEFT-MARK-DROP"       // nat
+	chainFilterSvc   = "WEFT-PROXY-SERVICES"  // filter: INPUT, FORWARD, OUTPUT (new connections)
+	chainFilterFwd   = "WEFT-PROXY-FORWARD"   // filter: FORWARD
 	chainPrefix      = "WEFT-"
 )
 

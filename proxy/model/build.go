@@ -13,9 +13,10 @@ import (
 
 // Build computes the desired proxy state from Services and EndpointSlices,
 // with an ObjectError for everything it had to leave out (see doc.go). It
-// is pure, and the result does not depend on the order of its inputs (of
-// two objects with the same key, the later wins). Errors come in the order
-// of the Service key they belong to, a Service's before its slices'.
+// is pure, and the result does not depend on the order of its inputs (but
+// of two objects with the same namespace/name, the later wins). Errors come
+// in the order of the Service key they belong to, a Service's before its
+// slices'.
 func Build(services []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) (State, []ObjectError) {
 	x := newIndex()
 	for _, svc := range services {
