@@ -153,9 +153,14 @@ func buildGroup(k key, svc *corev1.Service, esl []*discoveryv1.EndpointSlice) bu
 	if len(ports) == 0 {
 		return b // not proxied: its slices are none of our business
 	}
-	sets := make(map[ServicePortName]endpointSet, len(ports))
+	n := 0
+	for _, es := range esl {
+		n += len(es.Endpoints)
+	}
+	lists := make(map[ServicePortName]*endpointList, len(ports))
 	for _, sp := range ports {
-		sets[sp.Name] = endpointSet{}
+		l := make(endpointList, 0, n)
+		lists[sp.Name] = &l
 	}
 	served := func(v6 bool) bool {
 		return slices.ContainsFunc(ports[0].ClusterIPs, func(c netip.Addr) bool { return c.Is6() == v6 })
@@ -164,21 +169,21 @@ func buildGroup(k key, svc *corev1.Service, esl []*discoveryv1.EndpointSlice) bu
 		r := &reporter{kind: "EndpointSlice", key: es.Namespace + "/" + es.Name}
 		if v6, ok := sliceFamily(es, r); ok && served(v6) {
 			eps := sliceEndpoints(es, v6, r)
-			for name, port := range slicePorts(es, k.Namespace, k.Name, r) {
-				set, ok := sets[name]
+			for _, p := range slicePorts(es, k.Namespace, k.Name, r) {
+				l, ok := lists[p.name]
 				if !ok {
 					continue
 				}
 				for _, e := range eps {
-					e.Port = port
-					set.add(e)
+					e.Port = p.port
+					*l = append(*l, e)
 				}
 			}
 		}
 		b.errs = append(b.errs, r.errs...)
 	}
-	for name, set := range sets {
-		b.endpoints[name] = set.sorted()
+	for name, l := range lists {
+		b.endpoints[name] = l.sorted()
 	}
 	return b
 }

@@ -77,12 +77,18 @@ func sliceEndpoints(es *discoveryv1.EndpointSlice, v6 bool, r *reporter) []Endpo
 	return out
 }
 
+// slicePort is a slice port's number for the service port it serves.
+type slicePort struct {
+	name ServicePortName
+	port uint16
+}
+
 // slicePorts maps each of the slice's ports to the service port it serves,
 // by name and protocol (a nil name is "", a nil protocol TCP). A port with
 // no number (nil: "all ports", which kube-proxy does not proxy either) is
 // ignored; a number out of range is reported.
-func slicePorts(es *discoveryv1.EndpointSlice, ns, svc string, r *reporter) map[ServicePortName]uint16 {
-	out := map[ServicePortName]uint16{}
+func slicePorts(es *discoveryv1.EndpointSlice, ns, svc string, r *reporter) []slicePort {
+	out := make([]slicePort, 0, len(es.Ports))
 	for i, p := range es.Ports {
 		if p.Port == nil {
 			continue
@@ -96,24 +102,36 @@ func slicePorts(es *discoveryv1.EndpointSlice, ns, svc string, r *reporter) map[
 			proto = Protocol(*p.Protocol)
 		}
 		name := ServicePortName{Namespace: ns, Name: svc, Port: deref(p.Name), Protocol: proto}
-		if _, dup := out[name]; !dup {
-			out[name] = uint16(*p.Port)
+		if !slices.ContainsFunc(out, func(q slicePort) bool { return q.name == name }) {
+			out = append(out, slicePort{name, uint16(*p.Port)})
 		}
 	}
 	return out
 }
 
-// endpointSet collects one service port's endpoints, one per IP:port.
-type endpointSet map[netip.AddrPort]Endpoint
+// endpointList collects one service port's endpoints, in the order of the
+// slices (by name) and of their endpoints.
+type endpointList []Endpoint
 
-// add keeps e unless an endpoint with the same IP:port ranks at least as
-// high: Ready first, then Serving, then not Terminating. (An IP reused by a
-// new pod while the old one terminates thus goes to the new pod.)
-func (s endpointSet) add(e Endpoint) {
-	k := netip.AddrPortFrom(e.IP, e.Port)
-	if old, ok := s[k]; !ok || rank(e) > rank(old) {
-		s[k] = e
+// sorted returns the list by IP, then port, with each IP:port once: the
+// best of its duplicates, Ready first, then Serving, then not Terminating
+// (an IP reused by a new pod while the old one terminates thus goes to the
+// new pod), the first collected among equals. Never nil.
+func (l endpointList) sorted() []Endpoint {
+	slices.SortStableFunc(l, func(a, b Endpoint) int {
+		if c := a.IP.Compare(b.IP); c != 0 {
+			return c
+		}
+		if a.Port != b.Port {
+			return int(a.Port) - int(b.Port)
+		}
+		return rank(b) - rank(a)
+	})
+	out := slices.CompactFunc(l, func(a, b Endpoint) bool { return a.IP == b.IP && a.Port == b.Port })
+	if 2*len(out) < cap(out) { // do not keep a mostly unused array alive
+		return append(make([]Endpoint, 0, len(out)), out...)
 	}
+	return slices.Clip(out)
 }
 
 func rank(e Endpoint) int {
@@ -128,21 +146,6 @@ func rank(e Endpoint) int {
 		r++
 	}
 	return r
-}
-
-// sorted lists the set by IP, then port; never nil.
-func (s endpointSet) sorted() []Endpoint {
-	out := make([]Endpoint, 0, len(s))
-	for _, e := range s {
-		out = append(out, e)
-	}
-	slices.SortFunc(out, func(a, b Endpoint) int {
-		if c := a.IP.Compare(b.IP); c != 0 {
-			return c
-		}
-		return int(a.Port) - int(b.Port)
-	})
-	return out
 }
 
 // sliceService is the Service an EndpointSlice belongs to, by its

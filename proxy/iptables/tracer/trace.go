@@ -273,8 +273,9 @@ func (t *tracer) apply(st *state, r *Rule) (done bool, err error) {
 		} else {
 			st.stack = append(st.stack, frame{chain: c})
 		}
-		st.log("%s %s/%s", tg.kind, st.table, tg.chain)
+		st.log("line %d: %s %s/%s", r.Line, tg.kind, st.table, tg.chain)
 	case "RETURN":
+		st.log("line %d: RETURN", r.Line)
 		return t.ret(st), nil
 	case "ACCEPT", "DROP", "REJECT":
 		st.log("line %d: %s", r.Line, tg.kind)
