@@ -2,9 +2,9 @@ package iptables_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
-	"encoding/json"
 	"net"
 	"net/http"
 	"net/netip"
