@@ -73,9 +73,13 @@ func (r *renderer) servicePort(sp *model.ServicePort, all []model.Endpoint) {
 	if ext == "" {
 		return
 	}
+	restricted := false // kube-proxy semantics: a family without ranges is open
+	for _, src := range sp.SourceRanges {
+		restricted = restricted || familyOf(src.Addr()) == r.family
+	}
 	for _, e := range entries {
 		target := ext
-		if e.lb && len(sp.SourceRanges) > 0 {
+		if e.lb && restricted {
 			target = r.firewall(sp, ext)
 		}
 		rule := fmt.Sprintf("%s %s -j %s", entryMatch(e), comment, target)

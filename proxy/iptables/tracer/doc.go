@@ -47,7 +47,8 @@
 //   - MARK rewrites the packet mark, which later hooks see; LOG, NOTRACK,
 //     CT and a rule without target do nothing.
 //
-// After the last hook the verdict is ACCEPT. A table or built-in chain
+// The nat INPUT and mangle/raw hooks are not traversed. After the last hook
+// the verdict is ACCEPT. A table or built-in chain
 // missing from the ruleset is empty with policy ACCEPT.
 //
 // Matches are evaluated for the first packet: --ctstate/--state match NEW
