@@ -30,8 +30,9 @@ func runProxier(t *testing.T, n *node) *proxy.Proxier {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go p.Run(ctx)
-	t.Cleanup(func() { cancel(); _ = p.Cleanup() })
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; _ = p.Cleanup() })
 	return p
 }
 

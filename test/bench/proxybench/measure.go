@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/weftnet/weft/lab"
+)
+
+const (
+	nodeName    = "bench-node"
+	nodeIP      = "172.18.0.50"
+	metricsAddr = "127.0.0.1:10249"
+	healthzAddr = "127.0.0.1:10256"
+	changes     = 5
+)
+
+// subject is one proxy under test.
+type subject struct {
+	name string
+	args func(bin, kubeconfig string) []string
+	dump []string // prints the proxy's ruleset inside its namespace
+}
+
+func subjects() []subject {
+	kp := func(mode string) func(bin, kc string) []string {
+		return func(bin, kc string) []string {
+			return []string{filepath.Join(bin, "kube-proxy"), "--kubeconfig", kc, "--proxy-mode", mode,
+				"--hostname-override", nodeName, "--cluster-cidr", lab.ClusterCIDR, "--conntrack-max-per-core=0",
+				"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr}
+		}
+	}
+	return []subject{
+		{"weft", func(bin, kc string) []string {
+			return []string{filepath.Join(bin, "weft-proxy"), "--kubeconfig", kc, "--mode", "iptables",
+				"--node-name", nodeName, "--node-ip", nodeIP, "--cluster-cidr", lab.ClusterCIDR,
+				"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}
+		}, []string{"iptables-save", "-t", "nat"}},
+		{"kp-iptables", kp("iptables"), []string{"iptables-save", "-t", "nat"}},
+		{"kp-nftables", kp("nftables"), []string{"nft", "list", "table", "ip", "kube-proxy"}},
+	}
+}
+
+// syncs is what /metrics says about the proxy's syncs.
+type syncs struct{ count, sum float64 }
+
+type scraper struct{ c *http.Client }
+
+func newScraper(b *box) *scraper {
+	return &scraper{&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: lab.DialInNS(b.path)}}}
+}
+
+// get reads kubeproxy_sync_proxy_rules_duration_seconds' _count and _sum,
+// which both proxies observe once per successful sync.
+func (s *scraper) get(ctx context.Context) (syncs, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
+	resp, err := s.c.Do(req)
+	if err != nil {
+		return syncs{}, err
+	}
+	defer resp.Body.Close()
+	var out syncs
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "kubeproxy_sync_proxy_rules_duration_seconds_count":
+			out.count = v
+		case "kubeproxy_sync_proxy_rules_duration_seconds_sum":
+			out.sum = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// result is one proxy's numbers at one size.
+type result struct {
+	scratch  time.Duration // process start to the first sync of the full state
+	late     bool          // the first sync's rules were incomplete: scratch is the kernel check's time
+	timedOut bool
+	change   []time.Duration // update written to sync observed (and rules checked)
+	syncDur  []time.Duration // the proxy's own duration of that sync
+	hwm      int64
+	err      error
+}
+
+type env struct {
+	client    kubernetes.Interface
+	bin, kc   string
+	logDir    string
+	timeout   time.Duration
+	boxes     int // boxes made so far
+	changeSeq int // 10.244.255.x addresses used so far
+}
+
+// measure runs one proxy alone in a fresh namespace against the current
+// state of size services × perSvc endpoints.
+func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 string) (r result) {
+	b, err := newBox(e.boxes)
+	e.boxes++
+	if err != nil {
+		return result{err: err}
+	}
+	defer b.close()
+	p, err := b.start(filepath.Join(e.logDir, fmt.Sprintf("%s-%d.log", s.name, size)), s.args(e.bin, e.kc))
+	if err != nil {
+		return result{err: err}
+	}
+	defer p.stop()
+	defer func() {
+		if hwm, err := p.vmHWM(); err == nil {
+			r.hwm = hwm
+		}
+	}()
+	m := newScraper(b)
+	deadline := p.start.Add(e.timeout)
+	ctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
+	defer cancel()
+
+	// 1. From scratch: /metrics every 100 ms until the first sync is counted.
+	var first time.Time
+	for first.IsZero() {
+		if err := p.exited(); err != nil {
+			return result{err: err}
+		}
+		if time.Now().After(deadline) {
+			return result{timedOut: true}
+		}
+		if st, err := m.get(ctx); err == nil && st.count >= 1 {
+			first = time.Now()
+			break
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return result{err: err}
+		}
+	}
+	// ... then the kernel must hold the whole state: every endpoint's DNAT
+	// and service 0's ClusterIP. If that sync was not complete, poll the
+	// ruleset every 500 ms and count from when it is.
+	r.scratch = first.Sub(p.start)
+	want := size * perSvc
+	for {
+		out, err := b.output(s.dump...)
+		if err == nil && countDNAT(out) == want && hasIP(out, svc0) {
+			break
+		}
+		r.late = true
+		if time.Now().After(deadline) {
+			n := countDNAT(out)
+			return result{timedOut: true, err: fmt.Errorf("ruleset has %d of %d endpoint DNATs, ClusterIP %s present: %v (dump error: %v)", n, want, svc0, hasIP(out, svc0), err)}
+		}
+		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+			return result{err: err}
+		}
+		r.scratch = time.Since(p.start)
+	}
+
+	// 2. One change at a time, each on another service.
+	for i := 0; i < changes; i++ {
+		d, sd, err := e.oneChange(ctx, b, p, m, s, (i*size)/changes+i)
+		if err != nil {
+			r.err = fmt.Errorf("change %d: %w", i+1, err)
+			return r
+		}
+		r.change, r.syncDur = append(r.change, d), append(r.syncDur, sd)
+	}
+	return r
+}
+
+// oneChange moves one endpoint of service idx to a new address and returns
+// the time from the API write until a sync is seen in /metrics after which
+// the ruleset holds the address, and that sync's own duration (the change of
+// the histogram's _sum over its _count). /metrics is polled every 5 ms for
+// the first 200 ms, every 20 ms to 2 s, then every 100 ms.
+func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subject, idx int) (time.Duration, time.Duration, error) {
+	before, err := quiet(ctx, m, p)
+	if err != nil {
+		return 0, 0, err
+	}
+	e.changeSeq++
+	ip := fmt.Sprintf("10.244.%d.%d", changedIPOctet, e.changeSeq%250+1)
+	var t0 time.Time
+	if err := changeOne(ctx, e.client, idx, ip, func() { t0 = time.Now() }); err != nil {
+		return 0, 0, err
+	}
+	seen := before.count
+	for {
+		if err := p.exited(); err != nil {
+			return 0, 0, err
+		}
+		el := time.Since(t0)
+		if el > e.timeout {
+			return 0, 0, fmt.Errorf("not applied within %v", e.timeout)
+		}
+		st, err := m.get(ctx)
+		if err == nil && st.count > seen {
+			at := time.Since(t0)
+			seen = st.count
+			out, err := b.output(s.dump...)
+			if err != nil {
+				return 0, 0, err
+			}
+			if hasIP(out, ip) {
+				sd := (st.sum - before.sum) / (st.count - before.count)
+				return at, time.Duration(sd * float64(time.Second)), nil
+			}
+			continue
+		}
+		step := 100 * time.Millisecond
+		if el < 200*time.Millisecond {
+			step = 5 * time.Millisecond
+		} else if el < 2*time.Second {
+			step = 20 * time.Millisecond
+		}
+		if err := sleep(ctx, step); err != nil {
+			return 0, 0, err
+		}
+	}
+}
+
+// quiet waits until no sync has happened for 1.5 s, so that no sync is under
+// way when the change is written, and kube-proxy's --iptables-min-sync-period
+// (1 s) does not hold the next one back.
+func quiet(ctx context.Context, m *scraper, p *proc) (syncs, error) {
+	last, err := m.get(ctx)
+	if err != nil {
+		return last, err
+	}
+	stable := time.Now()
+	for time.Since(stable) < 1500*time.Millisecond {
+		if err := p.exited(); err != nil {
+			return last, err
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return last, err
+		}
+		st, err := m.get(ctx)
+		if err != nil {
+			return last, err
+		}
+		if st.count != last.count {
+			last, stable = st, time.Now()
+		}
+	}
+	return last, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return errors.Join(errors.New("interrupted"), ctx.Err())
+	case <-time.After(d):
+		return nil
+	}
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+)
+
+// box is a fresh network namespace attached to the lab's underlay, where one
+// proxy runs alone. Its name carries the lab's prefix, so lab.Down also
+// removes it (and kills what runs in it) should the benchmark crash.
+type box struct {
+	name, path string
+	ip         netip.Addr
+}
+
+// newBox creates namespace number idx with 172.18.0.(50+idx)/24 on eth0 and
+// a default route via the lab's external host, as lab members have. Every
+// box gets its own address, so no neighbour cache on the underlay is stale.
+func newBox(idx int) (*box, error) {
+	if idx < 0 || idx > 90 {
+		return nil, fmt.Errorf("box %d: out of underlay addresses", idx)
+	}
+	b := &box{name: fmt.Sprintf("%sbench%d", lab.NSPrefix, idx), ip: netip.AddrFrom4([4]byte{172, 18, 0, byte(50 + idx)})}
+	path, err := netnsutil.NewNamed(b.name)
+	if err != nil {
+		return nil, err
+	}
+	b.path = path
+	if err := b.attach(fmt.Sprintf("ul-bench%d", idx)); err != nil {
+		b.close()
+		return nil, fmt.Errorf("attaching %s to the underlay: %w", b.name, err)
+	}
+	return b, nil
+}
+
+func (b *box) attach(veth string) error {
+	member, err := netns.GetFromPath(b.path)
+	if err != nil {
+		return err
+	}
+	defer member.Close()
+	err = netnsutil.Do(netnsutil.RunDir+"/"+lab.UnderlayNS, func() error {
+		br, err := netlink.LinkByName(lab.UnderlayBr)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkAdd(&netlink.Veth{
+			LinkAttrs:     netlink.LinkAttrs{Name: veth, MasterIndex: br.Attrs().Index, Flags: net.FlagUp, TxQLen: -1},
+			PeerName:      "eth0",
+			PeerNamespace: netlink.NsFd(int(member)),
+		})
+	})
+	if err != nil {
+		return err
+	}
+	return netnsutil.Do(b.path, func() error {
+		eth, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: b.ip.AsSlice(), Mask: net.CIDRMask(24, 32)}}
+		if err := netlink.AddrAdd(eth, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(eth); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: lab.ExternalIP.AsSlice()})
+	})
+}
+
+// close deletes the namespace; its veth pair goes with it.
+func (b *box) close() { _ = netnsutil.Delete(b.name) }
+
+// output runs a command inside the box and returns its stdout.
+func (b *box) output(args ...string) (string, error) {
+	cmd := exec.Command(args[0], args[1:]...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := netnsutil.Do(b.path, cmd.Run); err != nil {
+		return "", fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// proc is a proxy process started inside a box.
+type proc struct {
+	cmd   *exec.Cmd
+	start time.Time
+	log   string
+	done  chan struct{}
+	err   error
+}
+
+func (b *box) start(logPath string, args []string) (*proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
+	// The forking thread is locked (netnsutil.Do) and lives on, so the
+	// proxy dies with the benchmark.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	p.start = time.Now()
+	if err := netnsutil.Do(b.path, cmd.Start); err != nil {
+		f.Close()
+		return nil, err
+	}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exited returns an error describing the exit if the process has ended.
+func (p *proc) exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s exited (%v); log %s:\n%s", p.cmd.Args[0], p.err, p.log, tail(p.log, 15))
+	default:
+		return nil
+	}
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// vmHWM is the process's peak resident set size in bytes.
+func (p *proc) vmHWM() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/PID/status")
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "    " + strings.Join(lines, "\n    ")
+}
+
+// hasIP reports whether ip occurs in text as a whole address (10.96.0.1 does
+// not match inside 10.96.0.10 or 110.96.0.1).
+func hasIP(text, ip string) bool {
+	for i := 0; ; {
+		j := strings.Index(text[i:], ip)
+		if j < 0 {
+			return false
+		}
+		s, e := i+j, i+j+len(ip)
+		before := s == 0 || !(isDigit(text[s-1]) || text[s-1] == '.')
+		after := e == len(text) || !(isDigit(text[e]) || text[e] == '.' && e+1 < len(text) && isDigit(text[e+1]))
+		if before && after {
+			return true
+		}
+		i = s + 1
+	}
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// countDNAT counts the rules that DNAT to a bench endpoint (port 8080), in
+// iptables-save ("-j DNAT --to-destination 10.244.0.1:8080") and in nft
+// ("dnat ip to 10.244.0.1:8080") syntax alike.
+func countDNAT(dump string) int {
+	n := 0
+	for _, line := range strings.Split(dump, "\n") {
+		if strings.Contains(line, ":"+strconv.Itoa(endpointPort)) && strings.Contains(strings.ToLower(line), "dnat") {
+			n++
+		}
+	}
+	return n
+}
