@@ -1,8 +1,10 @@
 // Package check is weft's connectivity test on a lab: it runs probe pods on
 // every node and proves, with real HTTP exchanges that report the source
 // address the server saw, that pods reach pods on the same and on other
-// nodes, nodes reach pods, pods reach nodes, and pods reach an external host
-// masqueraded behind their node's address.
+// nodes, nodes reach pods, pods reach nodes, pods reach an external host
+// masqueraded behind their node's address, and a Service over the probe pods
+// answers on its ClusterIP (from pods and nodes) and its NodePort (from the
+// external host, source-NATed to the node).
 package check
 
 import (
@@ -138,7 +140,74 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 		probe("pod to external (masqueraded)", p, extEP, "http://"+net.JoinHostPort(ext.IP.String(), "80")+"/",
 			sawFrom("external", p.node.IP.AsSlice()))
 	}
+	out = append(out, services(ctx, c, pods, nodes, ext, sawNode)...)
 	return out, nil
+}
+
+// services adds the Service rows: a NodePort Service over the probe pods,
+// reached by ClusterIP from every pod and node, and by NodePort on every
+// node from the external host.
+func services(ctx context.Context, c kubernetes.Interface, pods []endpoint, nodes []lab.Member, ext lab.Member,
+	sawNode func(string, lab.Member) func(workload.Reply) error) []Result {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "probe"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "weft-check"},
+		Ports: []corev1.ServicePort{{Port: 80}},
+	}}
+	svc, err := c.CoreV1().Services(Namespace).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return []Result{{Kind: "service", From: "-", To: "probe", Detail: err.Error()}}
+	}
+	isProbe := map[string]bool{}
+	for _, p := range pods {
+		isProbe[p.name] = true
+	}
+	anyProbe := func(r workload.Reply) error {
+		if !isProbe[r.Pod] {
+			return fmt.Errorf("answered by %q, not a probe pod", r.Pod)
+		}
+		return nil
+	}
+	var out []Result
+	// The proxies program the Service within moments of its endpoints; the
+	// first probe of each kind may retry for a few seconds.
+	probe := func(kind, from, nsPath, to, url string, want func(workload.Reply) error) {
+		r := Result{Kind: kind, From: from, To: to}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			reply, err := httpGet(ctx, nsPath, url)
+			if err == nil {
+				err = want(reply)
+			}
+			if err == nil {
+				r.OK, r.Detail = true, fmt.Sprintf("%s saw %s", reply.Pod, reply.Client)
+				break
+			}
+			if time.Now().After(deadline) {
+				r.Detail = err.Error()
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		out = append(out, r)
+	}
+	vip := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "80") + "/"
+	for _, p := range pods {
+		probe("pod to ClusterIP", p.name, p.nsPath, "svc/probe", vip, anyProbe)
+	}
+	for _, n := range nodes {
+		probe("node to ClusterIP", n.Name, n.NSPath(), "svc/probe", vip, anyProbe)
+	}
+	nodePort := fmt.Sprint(svc.Spec.Ports[0].NodePort)
+	for _, n := range nodes {
+		probe("external to NodePort (SNAT)", "external", ext.NSPath(), n.Name+":"+nodePort,
+			"http://"+net.JoinHostPort(n.IP.String(), nodePort)+"/", func(r workload.Reply) error {
+				if err := anyProbe(r); err != nil {
+					return err
+				}
+				return sawNode(r.Pod, n)(r)
+			})
+	}
+	return out
 }
 
 // deploy creates one probe pod per node, and a second on the first node,

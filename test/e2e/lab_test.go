@@ -151,7 +151,8 @@ func (c *cluster) mustCheck(t *testing.T) {
 			t.Errorf("check %s %s -> %s: %s", r.Kind, r.From, r.To, r.Detail)
 		}
 	}
-	for _, k := range []string{"pod to pod, same node", "pod to pod, other node", "node to pod", "pod to node", "pod to external (masqueraded)"} {
+	for _, k := range []string{"pod to pod, same node", "pod to pod, other node", "node to pod", "pod to node", "pod to external (masqueraded)",
+		"pod to ClusterIP", "node to ClusterIP", "external to NodePort (SNAT)"} {
 		if kinds[k] == 0 {
 			t.Errorf("check ran no %q probe", k)
 		}

@@ -1,0 +1,205 @@
+// Command proxybench measures weft-proxy (iptables mode) against upstream
+// kube-proxy in iptables and in nftables mode, in one run, on the same API
+// server state: a lab control plane (etcd, kube-apiserver,
+// controller-manager) seeded with N selector-less ClusterIP Services, each
+// with a hand-made EndpointSlice of -endpoints ready endpoints. Each proxy
+// runs alone, one after the other, in a fresh network namespace of its own
+// attached to the lab's underlay, and is measured for:
+//
+//   - from scratch: process start until /metrics counts its first sync
+//     (kubeproxy_sync_proxy_rules_duration_seconds_count ≥ 1, polled every
+//     100 ms), confirmed by the kernel: the ruleset dumped inside its
+//     namespace must then hold one DNAT per endpoint and service 0's ClusterIP;
+//   - one change: one endpoint of one EndpointSlice moved to a new address,
+//     from the API write until /metrics counts a sync after which the ruleset
+//     holds the new address (median of 5), and the proxy's own duration of
+//     that sync (histogram _sum/_count deltas);
+//   - peak memory: VmHWM of the proxy process after the changes.
+//
+// Usage:
+//
+//	go run ./test/bench/proxybench [-services 1000,5000] [-endpoints 10] [-timeout 400s]
+//
+// Run as root from the repository root, after `make build kube`. Everything
+// happens in a private network and mount namespace (netnsutil.Isolate).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+)
+
+func main() {
+	sizes := flag.String("services", "1000,5000", "comma-separated numbers of Services to measure at (cumulative)")
+	perSvc := flag.Int("endpoints", 10, "ready endpoints per Service")
+	timeout := flag.Duration("timeout", 400*time.Second, "cap on each measurement (from scratch, and each change)")
+	bin := flag.String("bin", "bin", "directory with weft-proxy, kube-proxy, kube-apiserver, kube-controller-manager, weftctl, weft-agent")
+	flag.Parse()
+
+	if !netnsutil.Isolated() {
+		forwardSignals()
+	}
+	code, reexeced, err := netnsutil.Isolate()
+	if err != nil {
+		fatal(err)
+	}
+	if reexeced {
+		os.Exit(code)
+	}
+	var ns []int
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fatal(fmt.Errorf("-services: bad size %q", s))
+		}
+		ns = append(ns, n)
+	}
+	slices.Sort(ns)
+	binDir, err := filepath.Abs(*bin)
+	if err != nil {
+		fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, binDir, ns, *perSvc, *timeout); err != nil {
+		fatal(err)
+	}
+}
+
+func run(ctx context.Context, binDir string, sizes []int, perSvc int, timeout time.Duration) error {
+	for _, b := range []string{"weft-proxy", "kube-proxy", "kube-apiserver", "kube-controller-manager", "weftctl", "weft-agent"} {
+		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
+			return fmt.Errorf("%w (run `make build kube` first)", err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "proxybench")
+	if err != nil {
+		return err
+	}
+	logDir, err := os.MkdirTemp("", "proxybench-logs")
+	if err != nil {
+		return err
+	}
+	begin := time.Now()
+	fmt.Printf("proxybench: lab in %s, proxy logs in %s\n", dir, logDir)
+	defer func() {
+		if pid, ok := lab.PID(dir, "node1-agent"); ok {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+		if err := lab.Down(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "proxybench: lab down:", err)
+		}
+	}()
+	if err := lab.Up(ctx, lab.Options{Nodes: 1, Routing: "hostgw", Dir: dir, BinDir: binDir, APIPort: lab.APIServerPort, Out: os.Stdout}); err != nil {
+		return err
+	}
+	// The lab's node runs weft-agent, whose own proxy would program every
+	// Service too and take CPU from the proxy being measured: pause it.
+	if pid, ok := lab.PID(dir, "node1-agent"); ok {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	// The proxies reach the API server over the underlay, as the admin.
+	kc := filepath.Join(dir, "bench.kubeconfig")
+	admin, err := os.ReadFile(lab.AdminKubeconfig(dir))
+	if err != nil {
+		return err
+	}
+	inLab := fmt.Sprintf("https://%s:%d", lab.ControlIP, lab.APIServerPort)
+	if err := os.WriteFile(kc, []byte(strings.Replace(string(admin), fmt.Sprintf("https://127.0.0.1:%d", lab.APIServerPort), inLab, 1)), 0o600); err != nil {
+		return err
+	}
+	cfg, err := lab.RESTConfig(lab.AdminKubeconfig(dir))
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+	client, err := kubernetesClient(cfg)
+	if err != nil {
+		return err
+	}
+	if err := ensureNode(ctx, client, nodeName, nodeIP); err != nil {
+		return err
+	}
+	e := &env{client: client, bin: binDir, kc: kc, logDir: logDir, timeout: timeout}
+	seeded := 0
+	for _, size := range sizes {
+		t := time.Now()
+		if err := seed(ctx, client, seeded, size, perSvc); err != nil {
+			return err
+		}
+		seedTime := time.Since(t)
+		seeded = size
+		svc0, err := clusterIP(ctx, client, 0)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("\n== %d Services × %d endpoints: seeded %d Services + EndpointSlices in %.1fs (%d workers, QPS 500)\n",
+			size, perSvc, size-seededBefore(sizes, size), seedTime.Seconds(), seedWorkers)
+		res := map[string]result{}
+		for _, s := range subjects() {
+			t := time.Now()
+			r := e.measure(ctx, s, size, perSvc, svc0)
+			res[s.name] = r
+			status := "ok"
+			if r.err != nil {
+				status = "error: " + r.err.Error()
+			} else if r.timedOut {
+				status = "timed out"
+			}
+			fmt.Printf("   %-12s measured in %5.1fs: %s\n", s.name, time.Since(t).Seconds(), status)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+		report(size, perSvc, timeout, res)
+	}
+	fmt.Printf("\nproxybench: total %.0fs\n", time.Since(begin).Seconds())
+	return nil
+}
+
+func seededBefore(sizes []int, size int) int {
+	prev := 0
+	for _, s := range sizes {
+		if s < size {
+			prev = s
+		}
+	}
+	return prev
+}
+
+// forwardSignals runs in the parent of Isolate: it survives SIGINT/SIGTERM
+// and passes them on to the isolated child, which then removes the lab.
+func forwardSignals() {
+	ch := make(chan os.Signal, 4)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		for sig := range ch {
+			tasks, _ := filepath.Glob("/proc/self/task/*/children")
+			for _, t := range tasks {
+				b, _ := os.ReadFile(t)
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = syscall.Kill(pid, sig.(syscall.Signal))
+					}
+				}
+			}
+		}
+	}()
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "proxybench:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+func kubernetesClient(cfg *rest.Config) (kubernetes.Interface, error) {
+	return kubernetes.NewForConfig(cfg)
+}
+
+func median(ds []time.Duration) (time.Duration, bool) {
+	if len(ds) == 0 {
+		return 0, false
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2], true
+}
+
+// metric is one row's value for one proxy: ok false when there is none, and
+// capped when the measurement hit -timeout (v is then the cap).
+type metric struct {
+	v      float64
+	ok     bool
+	capped bool
+	late   bool
+}
+
+func rows(r result, timeout time.Duration) [4]metric {
+	var m [4]metric
+	switch {
+	case r.timedOut:
+		m[0] = metric{v: timeout.Seconds(), ok: true, capped: true}
+	case r.err == nil || r.scratch > 0:
+		m[0] = metric{v: r.scratch.Seconds(), ok: r.scratch > 0, late: r.late}
+	}
+	if d, ok := median(r.change); ok && len(r.change) == changes {
+		m[1] = metric{v: d.Seconds(), ok: true}
+	}
+	if d, ok := median(r.syncDur); ok && len(r.syncDur) == changes {
+		m[2] = metric{v: d.Seconds(), ok: true}
+	}
+	if r.hwm > 0 {
+		m[3] = metric{v: float64(r.hwm), ok: true}
+	}
+	return m
+}
+
+func (m metric) format(row int) string {
+	if !m.ok {
+		return "-"
+	}
+	var s string
+	switch {
+	case row == 3:
+		s = fmt.Sprintf("%.1f MiB", m.v/(1<<20))
+	case m.v >= 10:
+		s = fmt.Sprintf("%.0fs", m.v)
+	case m.v >= 1:
+		s = fmt.Sprintf("%.2fs", m.v)
+	default:
+		s = fmt.Sprintf("%.1fms", m.v*1000)
+	}
+	if m.capped {
+		s = "> " + s
+	}
+	if m.late {
+		s += "*"
+	}
+	return s
+}
+
+func ratio(w, k metric) string {
+	switch {
+	case !w.ok || !k.ok || w.capped || k.v == 0:
+		return "-"
+	case k.capped:
+		return fmt.Sprintf("< %.3f", w.v/k.v)
+	}
+	return fmt.Sprintf("%.3f", w.v/k.v)
+}
+
+func report(size, perSvc int, timeout time.Duration, res map[string]result) {
+	names := []string{"weft", "kp-iptables", "kp-nftables"}
+	var m [3][4]metric
+	for i, n := range names {
+		m[i] = rows(res[n], timeout)
+	}
+	labels := []string{"from scratch", "one change, median of 5", "  its sync (own metric)", "peak RSS (VmHWM)"}
+	fmt.Printf("\n%d Services × %d endpoints (%d endpoints)\n", size, perSvc, size*perSvc)
+	fmt.Printf("%-26s %12s %12s %12s %11s %11s\n", "", names[0], names[1], names[2], "weft/ipt", "weft/nft")
+	for row, l := range labels {
+		fmt.Printf("%-26s %12s %12s %12s %11s %11s\n", l,
+			m[0][row].format(row), m[1][row].format(row), m[2][row].format(row),
+			ratio(m[0][row], m[1][row]), ratio(m[0][row], m[2][row]))
+	}
+	if m[0][0].late || m[1][0].late || m[2][0].late {
+		fmt.Println("  * the first sync's rules failed the kernel check; time of the first passing check (500 ms polls)")
+	}
+	for _, n := range names {
+		if err := res[n].err; err != nil {
+			fmt.Printf("  %s: %v\n", n, err)
+		}
+	}
+	var t []string
+	check := func(name string, ok, known bool) {
+		verdict := "MISSED"
+		if !known {
+			verdict = "n/a"
+		} else if ok {
+			verdict = "met"
+		}
+		t = append(t, name+": "+verdict)
+	}
+	w := m[0]
+	check("one change ≤ 50 ms", w[1].ok && w[1].v <= 0.050, w[1].ok)
+	check("from scratch ≤ 5 s", w[0].ok && !w[0].capped && w[0].v <= 5, w[0].ok)
+	memKnown := w[3].ok && m[1][3].ok && m[2][3].ok
+	check("memory ≤ kube-proxy's (both modes)", memKnown && w[3].v <= m[1][3].v && w[3].v <= m[2][3].v, memKnown)
+	note := ""
+	if size != 10000 {
+		note = " (the targets are set for 10000 Services)"
+	}
+	fmt.Printf("targets%s:\n  %s\n", note, strings.Join(t, "\n  "))
+}
