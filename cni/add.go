@@ -118,6 +118,9 @@ func wire(cfg *Config, args *skel.CmdArgs, pod *podNS, leases []ipam.Lease) (_ *
 	if err != nil {
 		return nil, vethCreated, err
 	}
+	if err := announce(br, podLink.Attrs().HardwareAddr, leases); err != nil {
+		return nil, vethCreated, err
+	}
 
 	result := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
@@ -177,6 +180,28 @@ func configurePod(cfg *Config, ifName string, pod *podNS, leases []ipam.Lease) (
 		}
 	}
 	return link, nil
+}
+
+// announce tells the node the pod's MAC for each of its addresses. Besides
+// saving the first packet a neighbour lookup, this matters for services:
+// with bridge netfilter, a packet DNATed to a pod on the same bridge is
+// switched straight to the pod's port, and for IPv6 the kernel needs the
+// pod's neighbour entry for that (without one the packet is lost). The
+// entry is REACHABLE, not permanent: the kernel revalidates and ages it,
+// and the next ADD that reuses the address replaces it.
+func announce(br *netlink.Bridge, mac net.HardwareAddr, leases []ipam.Lease) error {
+	for _, l := range leases {
+		family := netlink.FAMILY_V4
+		if l.Address.Addr().Is6() {
+			family = netlink.FAMILY_V6
+		}
+		n := &netlink.Neigh{LinkIndex: br.Index, Family: family, State: netlink.NUD_REACHABLE,
+			IP: net.IP(l.Address.Addr().AsSlice()), HardwareAddr: mac}
+		if err := netlink.NeighSet(n); err != nil {
+			return fmt.Errorf("neighbour entry for %s: %w", l.Address.Addr(), err)
+		}
+	}
+	return nil
 }
 
 func defaultRoute(l ipam.Lease) *types.Route {

@@ -33,6 +33,11 @@ const (
 	nodeName  = "node-a"
 	otherNode = "node-b"
 	podCIDR   = "10.244.1.0/24"
+	podCIDR6  = "fd00:10:244:1::/64"
+	cluster6  = "fd00:10:244::/56"
+	nodeIP6   = "fd00:18::1"
+	extIP6    = "fd00:18::100"
+	svcCIDR6  = "fd00:96::/112"
 	cluster   = "10.244.0.0/16"
 	remoteEP  = "10.244.2.9" // an endpoint on another node
 	nodeIP    = "172.18.0.1"
@@ -73,7 +78,7 @@ type node struct {
 
 type pod struct {
 	name, ns string
-	ip       netip.Addr
+	ip, ip6  netip.Addr
 }
 
 func newNode(t *testing.T, podNames ...string) *node {
@@ -89,7 +94,7 @@ func newNode(t *testing.T, podNames ...string) *node {
 	n.ext = outside(t)
 	rt := cnitest.NewRuntime(bin, filepath.Join(t.TempDir(), "cache"))
 	list, err := cnitest.Conflist("1.1.0", "pods", map[string]any{"type": "weft", "bridge": "wproxy0", "mtu": 1500,
-		"ipam": map[string]any{"ranges": [][]map[string]string{{{"subnet": podCIDR}}}, "dataDir": t.TempDir()}})
+		"ipam": map[string]any{"ranges": [][]map[string]string{{{"subnet": podCIDR}}, {{"subnet": podCIDR6}}}, "dataDir": t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +116,8 @@ func newNode(t *testing.T, podNames ...string) *node {
 			t.Fatal(err)
 		}
 		ip, _ := netip.AddrFromSlice(res.IPs[0].Address.IP.To4())
-		n.pods[name] = pod{name: name, ns: path, ip: ip}
+		ip6, _ := netip.AddrFromSlice(res.IPs[1].Address.IP.To16())
+		n.pods[name] = pod{name: name, ns: path, ip: ip, ip6: ip6}
 		ready := make(chan struct{})
 		go func() {
 			_ = netnsutil.Do(path, func() error {
@@ -121,10 +127,16 @@ func newNode(t *testing.T, podNames ...string) *node {
 		}()
 		<-ready
 	}
-	n.backend = iptables.New(iptables.Config{NodeName: nodeName, NodePortIPs: []netip.Addr{netip.MustParseAddr(nodeIP)},
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(cluster)}}, []int{4}, iptables.Exec{})
+	n.backend = iptables.New(nodeConfig(), []int{4, 6}, iptables.Exec{})
 	t.Cleanup(func() { _ = n.backend.Cleanup() })
 	return n
+}
+
+// nodeConfig is the renderer's view of the test node, dual-stack.
+func nodeConfig() iptables.Config {
+	return iptables.Config{NodeName: nodeName,
+		NodePortIPs:  []netip.Addr{netip.MustParseAddr(nodeIP), netip.MustParseAddr(nodeIP6)},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(cluster), netip.MustParsePrefix(cluster6)}}
 }
 
 // outside creates the outside host on the node network, routing the
@@ -148,6 +160,10 @@ func outside(t *testing.T) string {
 		// Nodes have a default route; without one, service traffic from the
 		// node or through it dies at routing before the proxy's rules.
 		{"route", "add", "default", "via", extIP},
+		{"-6", "addr", "add", nodeIP6 + "/64", "dev", "uplink0", "nodad"},
+		{"-n", "proxytest-ext", "-6", "addr", "add", extIP6 + "/64", "dev", "eth0", "nodad"},
+		{"-n", "proxytest-ext", "-6", "route", "add", svcCIDR6, "via", nodeIP6},
+		{"-6", "route", "add", "default", "via", extIP6},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", args, err, out)

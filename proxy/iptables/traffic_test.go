@@ -189,7 +189,7 @@ func TestPartialSyncAndRestart(t *testing.T) {
 		}
 	}
 	talk("hello")
-	restarted := iptables.New(iptables.Config{NodeName: nodeName, ClusterCIDRs: n.backend.Config().ClusterCIDRs}, []int{4}, iptables.Exec{})
+	restarted := iptables.New(nodeConfig(), []int{4, 6}, iptables.Exec{})
 	n.backend = restarted
 	if st := n.sync(); !st.Full {
 		t.Fatalf("a new backend's first sync is not full: %+v", st)
@@ -237,5 +237,32 @@ func TestForeignRulesSurvive(t *testing.T) {
 	}
 	if strings.Contains(nat+filter, "WEFT-") {
 		t.Errorf("weft rules left after cleanup:\n%s%s", nat, filter)
+	}
+}
+
+// TestIPv6Service: a dual-stack Service answers on its IPv6 ClusterIP from a
+// pod (source kept) and on the node's IPv6 address as a NodePort (SNAT).
+func TestIPv6Service(t *testing.T) {
+	n := newNode(t, "a", "b")
+	a := n.pods["a"]
+	n.svcs = []*corev1.Service{service("dual", "10.96.0.20", func(s *corev1.Service) {
+		s.Spec.ClusterIPs = []string{"10.96.0.20", "fd00:96::20"}
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30090
+	})}
+	v6 := slice("dual", endpoint{n.pods["b"].ip6.String(), nodeName})
+	v6.Name, v6.AddressType = "dual-v6", discoveryv1.AddressTypeIPv6
+	n.slices = []*discoveryv1.EndpointSlice{slice("dual", n.local("b")), v6}
+	n.sync()
+	r, err := get(a.ns, "", "http://[fd00:96::20]/")
+	if err != nil || r.Pod != "b" || r.Client != a.ip6.String() {
+		t.Fatalf("IPv6 ClusterIP from a: %+v %v, want b seeing %s", r, err, a.ip6)
+	}
+	r, err = get(n.ext, "", "http://["+nodeIP6+"]:30090/")
+	if err != nil || r.Pod != "b" || r.Client == extIP6 {
+		t.Fatalf("IPv6 NodePort from outside: %+v %v, want b seeing a node address", r, err)
+	}
+	if r, err := get(a.ns, "", "http://10.96.0.20/"); err != nil || r.Pod != "b" {
+		t.Fatalf("IPv4 ClusterIP of the same Service: %+v %v", r, err)
 	}
 }
