@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -40,23 +39,7 @@ const (
 	testMTU  = 1450
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code, reexeced, err := netnsutil.Isolate()
-	switch {
-	case reexeced:
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		os.Exit(code)
-	case err != nil && netnsutil.Isolated():
-		fmt.Fprintln(os.Stderr, "preparing the private network namespace:", err)
-		os.Exit(1)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "kernel tests will skip:", err)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
 
 // env is one kernel test's world: a runtime, a bridge and a state dir of its own.
 type env struct {

@@ -1,7 +1,6 @@
 package routing_test
 
 import (
-	"flag"
 	"fmt"
 	"net"
 	"net/netip"
@@ -18,23 +17,7 @@ import (
 	"github.com/weftnet/weft/routing"
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code, reexeced, err := netnsutil.Isolate()
-	switch {
-	case reexeced:
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		os.Exit(code)
-	case err != nil && netnsutil.Isolated():
-		fmt.Fprintln(os.Stderr, "preparing the private network namespace:", err)
-		os.Exit(1)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "kernel tests will skip:", err)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
 
 // lab is a small cluster built from namespaces: an underlay namespace with
 // a bridge, and per node a namespace attached to it by a veth (eth0), with

@@ -147,3 +147,24 @@ func restore(orig netns.NsHandle) {
 		panic(fmt.Sprintf("netnsutil: restoring the thread's network namespace: %v", err))
 	}
 }
+
+// RunTests is the body of a TestMain for tests that touch the kernel: it
+// runs m's tests in a private network and mount namespace (see Isolate) and
+// returns the exit code. Without root the tests run unisolated, and those
+// that need the kernel skip (they check Isolated).
+func RunTests(m interface{ Run() int }) int {
+	code, reexeced, err := Isolate()
+	switch {
+	case reexeced:
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		return code
+	case err != nil && Isolated():
+		fmt.Fprintln(os.Stderr, "preparing the private network namespace:", err)
+		return 1
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "kernel tests will skip:", err)
+	}
+	return m.Run()
+}

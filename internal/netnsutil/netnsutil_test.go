@@ -1,7 +1,6 @@
 package netnsutil
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -9,16 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-func TestMain(m *testing.M) {
-	code, reexeced, err := Isolate()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "netnsutil tests will skip:", err)
-	}
-	if reexeced {
-		os.Exit(code)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { os.Exit(RunTests(m)) }
 
 func requireIsolated(t *testing.T) {
 	t.Helper()

@@ -3,8 +3,6 @@ package iptables_test
 import (
 	"context"
 	"encoding/json"
-	"flag"
-	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
@@ -47,23 +45,7 @@ const (
 	svcCIDR   = "10.96.0.0/16"
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code, reexeced, err := netnsutil.Isolate()
-	switch {
-	case reexeced:
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		os.Exit(code)
-	case err != nil && netnsutil.Isolated():
-		fmt.Fprintln(os.Stderr, "preparing the private network namespace:", err)
-		os.Exit(1)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "kernel tests will skip:", err)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
 
 // node is the test's node: pods wired by the weft CNI plugin, an outside
 // host, and the proxy's backend.

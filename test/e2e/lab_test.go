@@ -5,7 +5,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -29,23 +28,7 @@ import (
 	"github.com/weftnet/weft/routing"
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	code, reexeced, err := netnsutil.Isolate()
-	switch {
-	case reexeced:
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		os.Exit(code)
-	case err != nil && netnsutil.Isolated():
-		fmt.Fprintln(os.Stderr, "preparing the private network namespace:", err)
-		os.Exit(1)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "lab tests will skip:", err)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
 
 // binDir is the repository's bin/, which `make build kube` fills.
 func binDir(t *testing.T) string {
