@@ -32,18 +32,27 @@ import (
 	"github.com/weftnet/weft/routing"
 )
 
+// agentFlags are the node agent's own flags.
+type agentFlags struct {
+	kubeconfig, node, mode, clusterCIDR, confDir, dataDir, bridge, healthz string
+	mtu                                                                    int
+	resync                                                                 time.Duration
+	cleanup                                                                bool
+}
+
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig path (default: in-cluster config)")
-	node := flag.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	mode := flag.String("routing", "hostgw", "cross-node routing: hostgw or vxlan")
-	clusterCIDR := flag.String("cluster-cidr", "10.244.0.0/16", "pod CIDRs of the cluster, comma-separated (masquerade exemption)")
-	confDir := flag.String("cni-conf-dir", "/etc/cni/net.d", "where to write the CNI configuration")
-	dataDir := flag.String("ipam-data-dir", cni.DefaultDataDir, "the CNI plugin's IPAM state directory")
-	bridge := flag.String("bridge", cni.DefaultBridge, "node bridge for pods")
-	mtu := flag.Int("mtu", 0, "pod MTU (default: underlay MTU minus encapsulation)")
-	resync := flag.Duration("resync", 30*time.Second, "full resync period (repairs drift)")
-	healthz := flag.String("healthz-addr", ":9876", "address for /healthz and /metrics")
-	cleanup := flag.Bool("cleanup", false, "remove everything weft-agent installed on this node and exit")
+	var f agentFlags
+	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster config)")
+	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw or vxlan")
+	flag.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "pod CIDRs of the cluster, comma-separated (masquerade exemption)")
+	flag.StringVar(&f.confDir, "cni-conf-dir", "/etc/cni/net.d", "where to write the CNI configuration")
+	flag.StringVar(&f.dataDir, "ipam-data-dir", cni.DefaultDataDir, "the CNI plugin's IPAM state directory")
+	flag.StringVar(&f.bridge, "bridge", cni.DefaultBridge, "node bridge for pods")
+	flag.IntVar(&f.mtu, "mtu", 0, "pod MTU (default: underlay MTU minus encapsulation)")
+	flag.DurationVar(&f.resync, "resync", 30*time.Second, "full resync period (repairs drift)")
+	flag.StringVar(&f.healthz, "healthz-addr", ":9876", "address for /healthz and /metrics")
+	flag.BoolVar(&f.cleanup, "cleanup", false, "remove everything weft-agent installed on this node and exit")
 	var px proxyFlags
 	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, or none to leave Services to another proxy")
 	flag.StringVar(&px.nodeIPs, "node-ip", os.Getenv("NODE_IP"), "this node's addresses, comma-separated (NodePorts answer on them; default $NODE_IP)")
@@ -53,7 +62,7 @@ func main() {
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(log, *kubeconfig, *node, *mode, *clusterCIDR, *confDir, *dataDir, *bridge, *mtu, *resync, *healthz, *cleanup, px); err != nil {
+	if err := run(log, f, px); err != nil {
 		log.Error("weft-agent failed", "err", err)
 		os.Exit(1)
 	}
@@ -97,7 +106,8 @@ func splitList(s string) []string {
 	return out
 }
 
-func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir, bridge string, mtu int, resync time.Duration, healthz string, cleanup bool, px proxyFlags) error {
+func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
+	node, mode := f.node, f.mode
 	if node == "" {
 		return errors.New("--node-name: required (or set NODE_NAME)")
 	}
@@ -105,7 +115,7 @@ func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir
 		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", mode)
 	}
 	var cidrs []netip.Prefix
-	for _, s := range splitList(clusterCIDR) {
+	for _, s := range splitList(f.clusterCIDR) {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			return fmt.Errorf("--cluster-cidr: %w", err)
@@ -114,8 +124,8 @@ func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir
 	}
 	var cfg *rest.Config
 	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if f.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", f.kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}
@@ -128,8 +138,8 @@ func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir
 		return err
 	}
 	a := agent.New(client, agent.Options{
-		NodeName: node, Routing: routing.Mode(mode), ClusterCIDRs: cidrs, CNIConfDir: confDir,
-		IPAMDataDir: dataDir, Bridge: bridge, MTU: mtu, Resync: resync, Log: log,
+		NodeName: node, Routing: routing.Mode(mode), ClusterCIDRs: cidrs, CNIConfDir: f.confDir,
+		IPAMDataDir: f.dataDir, Bridge: f.bridge, MTU: f.mtu, Resync: f.resync, Log: log,
 	})
 	var p *proxy.Proxier
 	if px.mode != "none" {
@@ -141,14 +151,14 @@ func run(log *slog.Logger, kubeconfig, node, mode, clusterCIDR, confDir, dataDir
 			return err
 		}
 	}
-	if cleanup {
+	if f.cleanup {
 		errs := []error{a.Cleanup()}
 		if p != nil {
 			errs = append(errs, p.Cleanup())
 		}
 		return errors.Join(errs...)
 	}
-	ln, err := net.Listen("tcp", healthz)
+	ln, err := net.Listen("tcp", f.healthz)
 	if err != nil {
 		return fmt.Errorf("--healthz-addr: %w", err)
 	}

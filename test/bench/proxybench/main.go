@@ -45,6 +45,7 @@ func main() {
 	sizes := flag.String("services", "1000,5000", "comma-separated numbers of Services to measure at (cumulative)")
 	perSvc := flag.Int("endpoints", 10, "ready endpoints per Service")
 	timeout := flag.Duration("timeout", 400*time.Second, "cap on each measurement (from scratch, and each change)")
+	proxies := flag.String("proxies", "weft,kp-iptables,kp-nftables", "which proxies to measure")
 	bin := flag.String("bin", "bin", "directory with weft-proxy, kube-proxy, kube-apiserver, kube-controller-manager, weftctl, weft-agent")
 	flag.Parse()
 
@@ -73,12 +74,18 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, binDir, ns, *perSvc, *timeout); err != nil {
+	var subs []subject
+	for _, s := range subjects() {
+		if slices.Contains(strings.Split(*proxies, ","), s.name) {
+			subs = append(subs, s)
+		}
+	}
+	if err := run(ctx, binDir, ns, subs, *perSvc, *timeout); err != nil {
 		fatal(err)
 	}
 }
 
-func run(ctx context.Context, binDir string, sizes []int, perSvc int, timeout time.Duration) error {
+func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc int, timeout time.Duration) error {
 	for _, b := range []string{"weft-proxy", "kube-proxy", "kube-apiserver", "kube-controller-manager", "weftctl", "weft-agent"} {
 		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
 			return fmt.Errorf("%w (run `make build kube` first)", err)
@@ -132,6 +139,7 @@ func run(ctx context.Context, binDir string, sizes []int, perSvc int, timeout ti
 	if err := ensureNode(ctx, client, nodeName, nodeIP); err != nil {
 		return err
 	}
+	printMethod(perSvc)
 	e := &env{client: client, bin: binDir, kc: kc, logDir: logDir, timeout: timeout}
 	seeded := 0
 	for _, size := range sizes {
@@ -148,15 +156,18 @@ func run(ctx context.Context, binDir string, sizes []int, perSvc int, timeout ti
 		fmt.Printf("\n== %d Services × %d endpoints: seeded %d Services + EndpointSlices in %.1fs (%d workers, QPS 500)\n",
 			size, perSvc, size-seededBefore(sizes, size), seedTime.Seconds(), seedWorkers)
 		res := map[string]result{}
-		for _, s := range subjects() {
+		for _, s := range subs {
 			t := time.Now()
 			r := e.measure(ctx, s, size, perSvc, svc0)
 			res[s.name] = r
 			status := "ok"
-			if r.err != nil {
-				status = "error: " + r.err.Error()
-			} else if r.timedOut {
+			switch {
+			case r.timedOut && r.err != nil:
+				status = "timed out: " + r.err.Error()
+			case r.timedOut:
 				status = "timed out"
+			case r.err != nil:
+				status = "error: " + r.err.Error()
 			}
 			fmt.Printf("   %-12s measured in %5.1fs: %s\n", s.name, time.Since(t).Seconds(), status)
 			if ctx.Err() != nil {

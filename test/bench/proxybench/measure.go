@@ -60,7 +60,8 @@ func newScraper(b *box) *scraper {
 }
 
 // get reads kubeproxy_sync_proxy_rules_duration_seconds' _count and _sum,
-// which both proxies observe once per successful sync.
+// which both proxies observe once per successful sync (kube-proxy per IP
+// family: the IPv4 series is taken).
 func (s *scraper) get(ctx context.Context) (syncs, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
 	resp, err := s.c.Do(req)
@@ -76,8 +77,12 @@ func (s *scraper) get(ctx context.Context) (syncs, error) {
 		if len(f) < 2 {
 			continue
 		}
+		name, labels, _ := strings.Cut(f[0], "{")
+		if labels != "" && !strings.Contains(labels, `ip_family="IPv4"`) {
+			continue // kube-proxy labels its metrics by family; the bench is IPv4
+		}
 		v, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
+		switch name {
 		case "kubeproxy_sync_proxy_rules_duration_seconds_count":
 			out.count = v
 		case "kubeproxy_sync_proxy_rules_duration_seconds_sum":
@@ -89,13 +94,14 @@ func (s *scraper) get(ctx context.Context) (syncs, error) {
 
 // result is one proxy's numbers at one size.
 type result struct {
-	scratch  time.Duration // process start to the first sync of the full state
-	late     bool          // the first sync's rules were incomplete: scratch is the kernel check's time
-	timedOut bool
-	change   []time.Duration // update written to sync observed (and rules checked)
-	syncDur  []time.Duration // the proxy's own duration of that sync
-	hwm      int64
-	err      error
+	scratch   time.Duration // process start to the first sync of the full state
+	late      bool          // the first sync's rules were incomplete: scratch is the kernel check's time
+	firstSync time.Duration // the proxy's own duration of its first sync
+	timedOut  bool
+	change    []time.Duration // update written to sync observed (and rules checked)
+	syncDur   []time.Duration // the proxy's own duration of that sync
+	hwm       int64
+	err       error
 }
 
 type env struct {
@@ -137,12 +143,14 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		if err := p.exited(); err != nil {
 			return result{err: err}
 		}
-		if time.Now().After(deadline) {
-			return result{timedOut: true}
-		}
-		if st, err := m.get(ctx); err == nil && st.count >= 1 {
+		st, err := m.get(ctx)
+		if err == nil && st.count >= 1 {
 			first = time.Now()
+			r.firstSync = time.Duration(st.sum / st.count * float64(time.Second))
 			break
+		}
+		if time.Now().After(deadline) {
+			return result{timedOut: true, err: fmt.Errorf("no sync counted in /metrics (last scrape: %+v, %v); log %s:\n%s", st, err, p.log, tail(p.log, 8))}
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return result{err: err}
@@ -155,12 +163,12 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 	want := size * perSvc
 	for {
 		out, err := b.output(s.dump...)
-		if err == nil && countDNAT(out) == want && hasIP(out, svc0) {
+		if err == nil && countEndpoints(out) == want && hasIP(out, svc0) {
 			break
 		}
 		r.late = true
 		if time.Now().After(deadline) {
-			n := countDNAT(out)
+			n := countEndpoints(out)
 			return result{timedOut: true, err: fmt.Errorf("ruleset has %d of %d endpoint DNATs, ClusterIP %s present: %v (dump error: %v)", n, want, svc0, hasIP(out, svc0), err)}
 		}
 		if err := sleep(ctx, 500*time.Millisecond); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -199,15 +200,11 @@ func hasIP(text, ip string) bool {
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
-// countDNAT counts the rules that DNAT to a bench endpoint (port 8080), in
-// iptables-save ("-j DNAT --to-destination 10.244.0.1:8080") and in nft
-// ("dnat ip to 10.244.0.1:8080") syntax alike.
-func countDNAT(dump string) int {
-	n := 0
-	for _, line := range strings.Split(dump, "\n") {
-		if strings.Contains(line, ":"+strconv.Itoa(endpointPort)) && strings.Contains(strings.ToLower(line), "dnat") {
-			n++
-		}
-	}
-	return n
-}
+// endpointRE matches a bench endpoint as a DNAT target: iptables-save's
+// "--to-destination 10.244.0.1:8080", nft's "dnat to 10.244.0.1:8080" and
+// the elements of nft's "dnat ip addr . port to numgen ... map { 0 :
+// 10.244.0.1 . 8080, ... }".
+var endpointRE = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+(?::| \. )` + strconv.Itoa(endpointPort) + `\b`)
+
+// countEndpoints counts the endpoint DNAT targets in a ruleset dump.
+func countEndpoints(dump string) int { return len(endpointRE.FindAllStringIndex(dump, -1)) }

@@ -32,22 +32,25 @@ type metric struct {
 	late   bool
 }
 
-func rows(r result, timeout time.Duration) [4]metric {
-	var m [4]metric
+func rows(r result, timeout time.Duration) [5]metric {
+	var m [5]metric
 	switch {
 	case r.timedOut:
 		m[0] = metric{v: timeout.Seconds(), ok: true, capped: true}
 	case r.err == nil || r.scratch > 0:
 		m[0] = metric{v: r.scratch.Seconds(), ok: r.scratch > 0, late: r.late}
 	}
-	if d, ok := median(r.change); ok && len(r.change) == changes {
-		m[1] = metric{v: d.Seconds(), ok: true}
+	if r.firstSync > 0 {
+		m[1] = metric{v: r.firstSync.Seconds(), ok: true}
 	}
-	if d, ok := median(r.syncDur); ok && len(r.syncDur) == changes {
+	if d, ok := median(r.change); ok && len(r.change) == changes {
 		m[2] = metric{v: d.Seconds(), ok: true}
 	}
+	if d, ok := median(r.syncDur); ok && len(r.syncDur) == changes {
+		m[3] = metric{v: d.Seconds(), ok: true}
+	}
 	if r.hwm > 0 {
-		m[3] = metric{v: float64(r.hwm), ok: true}
+		m[4] = metric{v: float64(r.hwm), ok: true}
 	}
 	return m
 }
@@ -58,7 +61,7 @@ func (m metric) format(row int) string {
 	}
 	var s string
 	switch {
-	case row == 3:
+	case row == 4:
 		s = fmt.Sprintf("%.1f MiB", m.v/(1<<20))
 	case m.v >= 10:
 		s = fmt.Sprintf("%.0fs", m.v)
@@ -88,11 +91,11 @@ func ratio(w, k metric) string {
 
 func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 	names := []string{"weft", "kp-iptables", "kp-nftables"}
-	var m [3][4]metric
+	var m [3][5]metric
 	for i, n := range names {
 		m[i] = rows(res[n], timeout)
 	}
-	labels := []string{"from scratch", "one change, median of 5", "  its sync (own metric)", "peak RSS (VmHWM)"}
+	labels := []string{"from scratch", "  its first sync (own metric)", "one change, median of 5", "  its sync (own metric)", "peak RSS (VmHWM)"}
 	fmt.Printf("\n%d Services × %d endpoints (%d endpoints)\n", size, perSvc, size*perSvc)
 	fmt.Printf("%-26s %12s %12s %12s %11s %11s\n", "", names[0], names[1], names[2], "weft/ipt", "weft/nft")
 	for row, l := range labels {
@@ -119,13 +122,41 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		t = append(t, name+": "+verdict)
 	}
 	w := m[0]
-	check("one change ≤ 50 ms", w[1].ok && w[1].v <= 0.050, w[1].ok)
+	check("one change ≤ 50 ms", w[2].ok && w[2].v <= 0.050, w[2].ok)
 	check("from scratch ≤ 5 s", w[0].ok && !w[0].capped && w[0].v <= 5, w[0].ok)
-	memKnown := w[3].ok && m[1][3].ok && m[2][3].ok
-	check("memory ≤ kube-proxy's (both modes)", memKnown && w[3].v <= m[1][3].v && w[3].v <= m[2][3].v, memKnown)
+	memKnown := w[4].ok && m[1][4].ok && m[2][4].ok
+	check("memory ≤ kube-proxy's (both modes)", memKnown && w[4].v <= m[1][4].v && w[4].v <= m[2][4].v, memKnown)
 	note := ""
 	if size != 10000 {
 		note = " (the targets are set for 10000 Services)"
 	}
 	fmt.Printf("targets%s:\n  %s\n", note, strings.Join(t, "\n  "))
+}
+
+func printMethod(perSvc int) {
+	fmt.Printf(`method:
+  Each proxy runs alone, one after the other, in a fresh network namespace on the
+  lab's underlay, against the same API state (selector-less ClusterIP Services with
+  one hand-made EndpointSlice of %d ready endpoints each). The lab node's own
+  weft-agent is paused (SIGSTOP) so it takes no CPU. Proxy flags are the defaults
+  otherwise: weft --min-sync-period 100ms, kube-proxy --iptables-min-sync-period 1s
+  (changes are written >= 1.5 s after the last sync, so it never holds one back);
+  kube-proxy runs dual-stack (its IPv6 side has no Services); only the IPv4
+  series of its metrics is read. Both iptables proxies use iptables-nft.
+  from scratch: exec until /metrics, polled every 100 ms, counts the first sync
+    (kubeproxy_sync_proxy_rules_duration_seconds_count >= 1); then the ruleset
+    dumped in the namespace (iptables-save -t nat / nft list table ip kube-proxy)
+    must hold every endpoint as a DNAT target and service 0's ClusterIP, or the
+    time of the first dump that does is taken (marked *, 500 ms polls).
+    kubeproxy_sync_proxy_rules_last_timestamp_seconds is not used: weft-proxy
+    exports it in whole seconds.
+  one change: one EndpointSlice update (one endpoint's IP) from just before the
+    API write until /metrics counts a sync after which the dumped ruleset holds
+    the new IP (polls every 5 ms for 200 ms, 20 ms to 2 s, then 100 ms): an upper
+    bound that includes the API server and watch delivery. Median of 5.
+  its sync: the proxy's own kubeproxy_sync_proxy_rules_duration_seconds
+    (_sum/_count deltas).
+  peak RSS: VmHWM of the proxy process after the changes; the iptables-restore
+    and nft processes it runs are not included.
+`, perSvc)
 }
