@@ -55,8 +55,12 @@ test: deps build kube lint
 test-unit:
 	$(GO) test -count=1 -short ./...
 
-bench: deps build
+# CNI ADD+DEL against bridge+host-local; the service proxy against upstream
+# kube-proxy (iptables and nftables modes). PROXY_BENCH_FLAGS picks sizes.
+PROXY_BENCH_FLAGS ?= -services 1000,5000
+bench: deps build kube
 	$(GO) run ./test/bench/cnibench -plugins $(CNI_BIN)
+	$(GO) run ./test/bench/proxybench $(PROXY_BENCH_FLAGS)
 
 clean:
 	rm -rf $(BIN)

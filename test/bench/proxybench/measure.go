@@ -134,7 +134,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 	}()
 	m := newScraper(b)
 	deadline := p.start.Add(e.timeout)
-	ctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
+	sctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
 	defer cancel()
 
 	// 1. From scratch: /metrics every 100 ms until the first sync is counted.
@@ -143,7 +143,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		if err := p.exited(); err != nil {
 			return result{err: err}
 		}
-		st, err := m.get(ctx)
+		st, err := m.get(sctx)
 		if err == nil && st.count >= 1 {
 			first = time.Now()
 			r.firstSync = time.Duration(st.sum / st.count * float64(time.Second))
@@ -152,18 +152,21 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		if time.Now().After(deadline) {
 			return result{timedOut: true, err: fmt.Errorf("no sync counted in /metrics (last scrape: %+v, %v); log %s:\n%s", st, err, p.log, tail(p.log, 8))}
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := sleep(sctx, 100*time.Millisecond); err != nil {
 			return result{err: err}
 		}
 	}
 	// ... then the kernel must hold the whole state: every endpoint's DNAT
 	// and service 0's ClusterIP. If that sync was not complete, poll the
-	// ruleset every 500 ms and count from when it is.
+	// ruleset every 500 ms and count until a dump that does has ended.
 	r.scratch = first.Sub(p.start)
 	want := size * perSvc
 	for {
 		out, err := b.output(s.dump...)
 		if err == nil && countEndpoints(out) == want && hasIP(out, svc0) {
+			if r.late {
+				r.scratch = time.Since(p.start)
+			}
 			break
 		}
 		r.late = true
@@ -171,10 +174,9 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 			n := countEndpoints(out)
 			return result{timedOut: true, err: fmt.Errorf("ruleset has %d of %d endpoint DNATs, ClusterIP %s present: %v (dump error: %v)", n, want, svc0, hasIP(out, svc0), err)}
 		}
-		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+		if err := sleep(sctx, 500*time.Millisecond); err != nil {
 			return result{err: err}
 		}
-		r.scratch = time.Since(p.start)
 	}
 
 	// 2. One change at a time, each on another service.
