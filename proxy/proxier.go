@@ -138,7 +138,7 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 	done := time.Now()
 	p.lastSyncOK.Store(done.UnixNano())
 	p.metrics.syncDuration.Observe(done.Sub(start).Seconds())
-	p.metrics.lastSync.Set(float64(done.Unix()))
+	p.metrics.lastSync.SetToCurrentTime()
 	if !pendingAt.IsZero() {
 		p.metrics.programming.Observe(done.Sub(pendingAt).Seconds())
 	}
