@@ -158,8 +158,8 @@ func printMethod(perSvc int) {
     dumped in the namespace (iptables-save -t nat / nft list table ip kube-proxy)
     must hold every endpoint as a DNAT target and service 0's ClusterIP, or the
     time of the first dump that does is taken (marked *, 500 ms polls).
-    kubeproxy_sync_proxy_rules_last_timestamp_seconds is not used: weft-proxy
-    exports it in whole seconds.
+    The sync count is used rather than the last-sync timestamp so that every
+    proxy is measured by the same counter.
   one change: one EndpointSlice update (one endpoint's IP) from just before the
     API write until /metrics counts a sync after which the dumped ruleset holds
     the new IP (polls every 5 ms for 200 ms, 20 ms to 2 s, then 100 ms): an upper
