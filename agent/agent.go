@@ -27,6 +27,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/weftnet/weft/cni"
+	"github.com/weftnet/weft/internal/fsutil"
 	"github.com/weftnet/weft/routing"
 )
 
@@ -139,9 +140,6 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err := cni.EnsureBridge(a.opts.Bridge, mtu, Gateways(me.PodCIDRs)); err != nil {
 		return fmt.Errorf("bridge %s: %w", a.opts.Bridge, err)
 	}
-	if err := enableForwarding(me.PodCIDRs); err != nil {
-		return err
-	}
 	if err := a.ensureMasquerade(); err != nil {
 		return err
 	}
@@ -229,24 +227,6 @@ func linkWithAddr(ip netip.Addr) (netlink.Link, error) {
 	return nil, fmt.Errorf("no link carries the node address %s", ip)
 }
 
-// enableForwarding turns on IP forwarding for the pod CIDRs' families: the
-// node routes between its pods, the underlay and the other nodes.
-func enableForwarding(cidrs []netip.Prefix) error {
-	for _, c := range cidrs {
-		path := "/proc/sys/net/ipv4/ip_forward"
-		if c.Addr().Is6() {
-			path = "/proc/sys/net/ipv6/conf/all/forwarding"
-		}
-		if cur, err := os.ReadFile(path); err == nil && bytes.Equal(bytes.TrimSpace(cur), []byte("1")) {
-			continue
-		}
-		if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
-			return fmt.Errorf("enabling forwarding: %w", err)
-		}
-	}
-	return nil
-}
-
 // writeCNIConfig writes the conflist atomically, only when it changed.
 func (a *Agent) writeCNIConfig(cidrs []netip.Prefix, mtu int) error {
 	data, err := RenderConflist(CNIConfig{Bridge: a.opts.Bridge, MTU: mtu, PodCIDRs: cidrs, DataDir: a.opts.IPAMDataDir})
@@ -260,11 +240,7 @@ func (a *Agent) writeCNIConfig(cidrs []netip.Prefix, mtu int) error {
 	if err := os.MkdirAll(a.opts.CNIConfDir, 0o755); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := fsutil.WriteFileAtomic(path, data, 0o644); err != nil {
 		return err
 	}
 	a.opts.Log.Info("wrote CNI configuration", "path", path, "podCIDRs", cidrs, "mtu", mtu)

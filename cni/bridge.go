@@ -61,8 +61,9 @@ func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
 }
 
 // EnsureBridge makes sure the node bridge exists, is up and carries the
-// gateway address of each pod CIDR (e.g. 10.244.1.1/24). weft-agent calls it
-// so that the node can route to its pods before the first pod starts.
+// gateway address of each pod CIDR (e.g. 10.244.1.1/24), and that the node
+// forwards those families. weft-agent calls it so that the node can route to
+// its pods before the first pod starts.
 func EnsureBridge(name string, mtu int, gateways []netip.Prefix) error {
 	br, err := ensureBridge(name, mtu)
 	if err != nil {
@@ -72,7 +73,10 @@ func EnsureBridge(name string, mtu int, gateways []netip.Prefix) error {
 	for i, gw := range gateways {
 		leases[i] = ipam.Lease{Address: gw, Gateway: gw.Addr()}
 	}
-	return ensureGateways(br, leases)
+	if err := ensureGateways(br, leases); err != nil {
+		return err
+	}
+	return enableForwarding(leases)
 }
 
 // ensureGateways puts each lease's gateway on the bridge, with the lease's

@@ -16,7 +16,6 @@ var errNetNSGone = errors.New("network namespace is gone")
 
 // podNS is an open pod network namespace and a netlink handle inside it.
 type podNS struct {
-	path   string
 	fd     netns.NsHandle
 	handle *netlink.Handle
 }
@@ -45,7 +44,7 @@ func openPodNS(path string) (*podNS, error) {
 		fd.Close()
 		return nil, fmt.Errorf("netlink socket in %s: %w", path, err)
 	}
-	return &podNS{path: path, fd: fd, handle: h}, nil
+	return &podNS{fd: fd, handle: h}, nil
 }
 
 func (p *podNS) Close() {

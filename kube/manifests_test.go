@@ -120,13 +120,22 @@ func TestWatchManifests(t *testing.T) {
 	eventually(t, "update", func() bool { return rec.clusterIP("default/web") == "10.96.0.11" })
 
 	write(goodYAML + "---\nkind: [broken\n")
-	time.Sleep(3 * pollInterval)
+	// A second file, written after the broken one and sorting after it: a
+	// scan reads files in name order, so once the marker is seen the broken
+	// file has been read (and rejected) too.
+	marker := strings.NewReplacer("name: web,", "name: marker,", "name: web-1,", "name: marker-1,").Replace(goodYAML)
+	if err := os.WriteFile(filepath.Join(dir, "z-marker.yaml"), []byte(marker), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the marker file", func() bool { return rec.clusterIP("default/marker") != "" })
 	if got := rec.clusterIP("default/web"); got != "10.96.0.11" {
 		t.Fatalf("a broken file changed the state: clusterIP %q", got)
 	}
 
-	if err := os.Remove(file); err != nil {
-		t.Fatal(err)
+	for _, f := range []string{file, filepath.Join(dir, "z-marker.yaml")} {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
 	}
 	eventually(t, "removal", func() bool {
 		rec.Lock()

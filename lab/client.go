@@ -31,7 +31,7 @@ func RESTConfig(path string) (*rest.Config, error) {
 		return nil, err
 	}
 	cfg.Host = fmt.Sprintf("https://%s:%d", ControlIP, APIServerPort)
-	cfg.Dial = DialInNS(netnsutil.RunDir + "/" + ControlNS)
+	cfg.Dial = netnsutil.Dialer(netnsutil.RunDir+"/"+ControlNS, nil)
 	cfg.QPS, cfg.Burst = 100, 200
 	return cfg, nil
 }

@@ -141,7 +141,7 @@ func waitAPIServer(ctx context.Context, dir string) error {
 	pool.AppendCertsFromPEM(caPEM)
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool},
-		DialContext:     DialInNS(netnsutil.RunDir + "/" + ControlNS),
+		DialContext:     netnsutil.Dialer(netnsutil.RunDir+"/"+ControlNS, nil),
 	}}
 	url := fmt.Sprintf("https://%s:%d/readyz", ControlIP, APIServerPort)
 	for {
@@ -157,18 +157,5 @@ func waitAPIServer(ctx context.Context, dir string) error {
 			return fmt.Errorf("kube-apiserver not ready (see %s): %w", logPath(dir, "kube-apiserver"), ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
-	}
-}
-
-// DialInNS returns a dialer whose sockets live in the namespace at path.
-func DialInNS(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := netnsutil.Do(path, func() (err error) {
-			var d net.Dialer
-			c, err = d.DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
 	}
 }

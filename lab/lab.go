@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/weftnet/weft/deploy"
+	"github.com/weftnet/weft/internal/fsutil"
 	"github.com/weftnet/weft/internal/netnsutil"
 )
 
@@ -274,9 +275,5 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return fsutil.WriteFileAtomic(path, b, 0o644)
 }

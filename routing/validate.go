@@ -34,22 +34,29 @@ func familyName(f int) string { return fmt.Sprintf("IPv%d", f) }
 // addrsByFamily keeps each family's one usable address; a family with a bad
 // or a second address is left out and reported.
 func addrsByFamily(ips []netip.Addr) (map[int]netip.Addr, []error) {
-	out, bad := map[int]netip.Addr{}, map[int]bool{}
+	return byFamily(ips, "addresses", checkAddr, func(a netip.Addr) (netip.Addr, bool) { return a, a.IsValid() })
+}
+
+// byFamily keeps, per IP family, the one item that passes check; a family
+// with a bad item or with two of them is left out, and each problem reported.
+func byFamily[T fmt.Stringer](items []T, what string, check func(T) error, addr func(T) (netip.Addr, bool)) (map[int]T, []error) {
+	out, bad := map[int]T{}, map[int]bool{}
 	var errs []error
-	for _, a := range ips {
-		if err := checkAddr(a); err != nil {
+	for _, it := range items {
+		a, valid := addr(it)
+		if err := check(it); err != nil {
 			errs = append(errs, err)
-			if a.IsValid() {
+			if valid {
 				bad[family(a)] = true
 			}
 			continue
 		}
 		f := family(a)
 		if prev, ok := out[f]; ok {
-			errs = append(errs, fmt.Errorf("two %s addresses %s and %s: %w", familyName(f), prev, a, ErrDuplicate))
+			errs = append(errs, fmt.Errorf("two %s %s %s and %s: %w", familyName(f), what, prev, it, ErrDuplicate))
 			bad[f] = true
 		}
-		out[f] = a
+		out[f] = it
 	}
 	for f := range bad {
 		delete(out, f)
@@ -74,27 +81,7 @@ func checkAddr(a netip.Addr) error {
 
 // prefixesByFamily is addrsByFamily for podCIDRs.
 func prefixesByFamily(ps []netip.Prefix) (map[int]netip.Prefix, []error) {
-	out, bad := map[int]netip.Prefix{}, map[int]bool{}
-	var errs []error
-	for _, p := range ps {
-		if err := checkPrefix(p); err != nil {
-			errs = append(errs, err)
-			if p.IsValid() {
-				bad[family(p.Addr())] = true
-			}
-			continue
-		}
-		f := family(p.Addr())
-		if prev, ok := out[f]; ok {
-			errs = append(errs, fmt.Errorf("two %s podCIDRs %s and %s: %w", familyName(f), prev, p, ErrDuplicate))
-			bad[f] = true
-		}
-		out[f] = p
-	}
-	for f := range bad {
-		delete(out, f)
-	}
-	return out, errs
+	return byFamily(ps, "podCIDRs", checkPrefix, func(p netip.Prefix) (netip.Addr, bool) { return p.Addr(), p.IsValid() })
 }
 
 func checkPrefix(p netip.Prefix) error {

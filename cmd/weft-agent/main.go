@@ -14,7 +14,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/weftnet/weft/agent"
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/buildinfo"
+	"github.com/weftnet/weft/internal/cliflag"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/routing"
@@ -34,10 +34,11 @@ import (
 
 // agentFlags are the node agent's own flags.
 type agentFlags struct {
-	kubeconfig, node, mode, clusterCIDR, confDir, dataDir, bridge, healthz string
-	mtu                                                                    int
-	resync                                                                 time.Duration
-	cleanup                                                                bool
+	kubeconfig, node, mode, confDir, dataDir, bridge, healthz string
+	clusterCIDRs                                              cliflag.Prefixes
+	mtu                                                       int
+	resync                                                    time.Duration
+	cleanup                                                   bool
 }
 
 func main() {
@@ -45,7 +46,7 @@ func main() {
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster config)")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw or vxlan")
-	flag.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "pod CIDRs of the cluster, comma-separated (masquerade exemption)")
+	flag.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDRs of the cluster, repeatable or comma-separated (masquerade exemption; default 10.244.0.0/16)")
 	flag.StringVar(&f.confDir, "cni-conf-dir", "/etc/cni/net.d", "where to write the CNI configuration")
 	flag.StringVar(&f.dataDir, "ipam-data-dir", cni.DefaultDataDir, "the CNI plugin's IPAM state directory")
 	flag.StringVar(&f.bridge, "bridge", cni.DefaultBridge, "node bridge for pods")
@@ -55,13 +56,21 @@ func main() {
 	flag.BoolVar(&f.cleanup, "cleanup", false, "remove everything weft-agent installed on this node and exit")
 	var px proxyFlags
 	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, or none to leave Services to another proxy")
-	flag.StringVar(&px.nodeIPs, "node-ip", os.Getenv("NODE_IP"), "this node's addresses, comma-separated (NodePorts answer on them; default $NODE_IP)")
-	flag.StringVar(&px.nodePortAddrs, "nodeport-addresses", "", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
+	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
+	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
 	flag.DurationVar(&px.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between proxy syncs")
 	flag.Parse()
-
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(f.clusterCIDRs) == 0 {
+		_ = f.clusterCIDRs.Set("10.244.0.0/16")
+	}
+	if len(px.nodeIPs) == 0 && os.Getenv("NODE_IP") != "" {
+		if err := px.nodeIPs.Set(os.Getenv("NODE_IP")); err != nil {
+			log.Error("weft-agent failed", "err", fmt.Errorf("$NODE_IP: %w", err))
+			os.Exit(2)
+		}
+	}
 	if err := run(log, f, px); err != nil {
 		log.Error("weft-agent failed", "err", err)
 		os.Exit(1)
@@ -70,40 +79,18 @@ func main() {
 
 // proxyFlags configure the service proxy the agent runs.
 type proxyFlags struct {
-	mode, nodeIPs, nodePortAddrs string
-	masqAll                      bool
-	minSync                      time.Duration
+	mode          string
+	nodeIPs       cliflag.Addrs
+	nodePortAddrs cliflag.Prefixes
+	masqAll       bool
+	minSync       time.Duration
 }
 
-// proxyConfig turns the flags into the proxy's configuration.
-func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) (proxy.Config, error) {
-	c := proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
+// config turns the flags into the proxy's configuration.
+func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) proxy.Config {
+	return proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
+		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy")}
-	for _, s := range splitList(f.nodeIPs) {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			return c, fmt.Errorf("--node-ip: %w", err)
-		}
-		c.NodeIPs = append(c.NodeIPs, ip)
-	}
-	for _, s := range splitList(f.nodePortAddrs) {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return c, fmt.Errorf("--nodeport-addresses: %w", err)
-		}
-		c.NodePortAddresses = append(c.NodePortAddresses, p.Masked())
-	}
-	return c, nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
@@ -114,14 +101,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if mode != string(routing.ModeHostGW) && mode != string(routing.ModeVXLAN) {
 		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", mode)
 	}
-	var cidrs []netip.Prefix
-	for _, s := range splitList(f.clusterCIDR) {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return fmt.Errorf("--cluster-cidr: %w", err)
-		}
-		cidrs = append(cidrs, p.Masked())
-	}
+	cidrs := []netip.Prefix(f.clusterCIDRs)
 	var cfg *rest.Config
 	var err error
 	if f.kubeconfig != "" {
@@ -143,11 +123,8 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	})
 	var p *proxy.Proxier
 	if px.mode != "none" {
-		pc, err := px.config(node, cidrs, log)
-		if err != nil {
-			return err
-		}
-		if p, _, err = proxy.Build(pc); err != nil {
+		var err error
+		if p, _, err = proxy.Build(px.config(node, cidrs, log)); err != nil {
 			return err
 		}
 	}

@@ -12,10 +12,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -24,29 +22,18 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/weftnet/weft/internal/buildinfo"
+	"github.com/weftnet/weft/internal/cliflag"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/model"
 )
 
-// listFlag is a repeatable, comma-separable flag.
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-func (l *listFlag) Set(v string) error {
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*l = append(*l, s)
-		}
-	}
-	return nil
-}
-
 type flags struct {
 	kubeconfig, manifests, mode, node, zone, variant string
 	healthz, metrics                                 string
-	nodeIPs, clusterCIDRs, nodePortAddrs             listFlag
+	nodeIPs                                          cliflag.Addrs
+	clusterCIDRs, nodePortAddrs                      cliflag.Prefixes
 	masqAll, dryRun, cleanup                         bool
 	masqBit                                          int
 	minSync, sync                                    time.Duration
@@ -80,37 +67,15 @@ func main() {
 	}
 }
 
-func parseConfig(f flags, log *slog.Logger) (proxy.Config, error) {
+func parseConfig(f flags, log *slog.Logger) proxy.Config {
 	c := proxy.Config{Mode: f.mode, NodeName: f.node, Zone: f.zone, MasqueradeAll: f.masqAll, MasqueradeBit: f.masqBit,
 		IPTablesVariant: f.variant, MinSyncPeriod: f.minSync, SyncPeriod: f.sync, HealthCheckPorts: !f.dryRun, Log: log}
-	for _, s := range f.nodeIPs {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			return c, fmt.Errorf("--node-ip: %w", err)
-		}
-		c.NodeIPs = append(c.NodeIPs, ip)
-	}
-	for _, p := range []struct {
-		name string
-		in   listFlag
-		out  *[]netip.Prefix
-	}{{"--cluster-cidr", f.clusterCIDRs, &c.ClusterCIDRs}, {"--nodeport-addresses", f.nodePortAddrs, &c.NodePortAddresses}} {
-		for _, s := range p.in {
-			pfx, err := netip.ParsePrefix(s)
-			if err != nil {
-				return c, fmt.Errorf("%s: %w", p.name, err)
-			}
-			*p.out = append(*p.out, pfx.Masked())
-		}
-	}
-	return c, nil
+	c.NodeIPs, c.ClusterCIDRs, c.NodePortAddresses = f.nodeIPs, f.clusterCIDRs, f.nodePortAddrs
+	return c
 }
 
 func run(f flags, log *slog.Logger) error {
-	cfg, err := parseConfig(f, log)
-	if err != nil {
-		return err
-	}
+	cfg := parseConfig(f, log)
 	if (f.kubeconfig == "") == (f.manifests == "") && !f.cleanup {
 		return errors.New("give exactly one of --kubeconfig and --manifests")
 	}

@@ -155,7 +155,7 @@ func labForward(args []string) error {
 	if err != nil {
 		return err
 	}
-	dial := lab.DialInNS(*ns)
+	dial := netnsutil.Dialer(*ns, nil)
 	for {
 		c, err := ln.Accept()
 		if err != nil {

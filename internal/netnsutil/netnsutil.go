@@ -5,8 +5,10 @@
 package netnsutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -167,4 +169,22 @@ func RunTests(m interface{ Run() int }) int {
 		fmt.Fprintln(os.Stderr, "kernel tests will skip:", err)
 	}
 	return m.Run()
+}
+
+// Dialer returns a DialContext whose sockets are created inside the
+// namespace at path (the caller's own when path is empty), bound to local
+// when it is not nil. The sockets stay in that namespace for their life.
+func Dialer(path string, local net.Addr) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		dial := func() (err error) {
+			d := net.Dialer{LocalAddr: local}
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		}
+		if path == "" {
+			return c, dial()
+		}
+		return c, Do(path, dial)
+	}
 }

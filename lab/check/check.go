@@ -9,7 +9,6 @@ package check
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -67,18 +66,7 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 	}
 	var out []Result
 	probe := func(kind string, from, to endpoint, url string, want func(workload.Reply) error) {
-		r := Result{Kind: kind, From: from.name, To: to.name}
-		reply, err := httpGet(ctx, from.nsPath, url)
-		if err == nil {
-			err = want(reply)
-		}
-		r.OK = err == nil
-		if err != nil {
-			r.Detail = err.Error()
-		} else {
-			r.Detail = fmt.Sprintf("%s saw %s", reply.Pod, reply.Client)
-		}
-		out = append(out, r)
+		out = append(out, probeHTTP(ctx, kind, from.name, from.nsPath, to.name, url, want, 0))
 	}
 	sawFrom := func(pod string, src net.IP) func(workload.Reply) error {
 		return func(r workload.Reply) error {
@@ -93,12 +81,18 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 	}
 	// A node's own traffic may leave from any of its addresses (its underlay
 	// address, its bridge, its VXLAN device), but from no other.
-	sawNode := func(pod string, n lab.Member) func(workload.Reply) error {
+	nodeAddrs := map[string]map[string]bool{}
+	for _, n := range nodes {
 		own, err := addrsIn(n.NSPath())
+		if err != nil {
+			return nil, fmt.Errorf("addresses of %s: %w", n.Name, err)
+		}
+		nodeAddrs[n.Name] = own
+	}
+	sawNode := func(pod string, n lab.Member) func(workload.Reply) error {
+		own := nodeAddrs[n.Name]
 		return func(r workload.Reply) error {
 			switch {
-			case err != nil:
-				return err
 			case r.Pod != pod:
 				return fmt.Errorf("answered by %q, want %q", r.Pod, pod)
 			case !own[r.Client]:
@@ -168,27 +162,10 @@ func services(ctx context.Context, c kubernetes.Interface, pods []endpoint, node
 		return nil
 	}
 	var out []Result
-	// The proxies program the Service within moments of its endpoints; the
-	// first probe of each kind may retry for a few seconds.
+	// The proxies program the Service within moments of its endpoints; a
+	// probe may retry for a few seconds.
 	probe := func(kind, from, nsPath, to, url string, want func(workload.Reply) error) {
-		r := Result{Kind: kind, From: from, To: to}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			reply, err := httpGet(ctx, nsPath, url)
-			if err == nil {
-				err = want(reply)
-			}
-			if err == nil {
-				r.OK, r.Detail = true, fmt.Sprintf("%s saw %s", reply.Pod, reply.Client)
-				break
-			}
-			if time.Now().After(deadline) {
-				r.Detail = err.Error()
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		out = append(out, r)
+		out = append(out, probeHTTP(ctx, kind, from, nsPath, to, url, want, 10*time.Second))
 	}
 	vip := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "80") + "/"
 	for _, p := range pods {
@@ -273,6 +250,28 @@ func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]
 	return eps, nil
 }
 
+// probeHTTP runs one HTTP probe from the namespace at nsPath, retrying for
+// up to retry while it fails.
+func probeHTTP(ctx context.Context, kind, from, nsPath, to, url string, want func(workload.Reply) error, retry time.Duration) Result {
+	r := Result{Kind: kind, From: from, To: to}
+	deadline := time.Now().Add(retry)
+	for {
+		reply, err := httpGet(ctx, nsPath, url)
+		if err == nil {
+			err = want(reply)
+		}
+		if err == nil {
+			r.OK, r.Detail = true, fmt.Sprintf("%s saw %s", reply.Pod, reply.Client)
+			return r
+		}
+		if !time.Now().Before(deadline) {
+			r.Detail = err.Error()
+			return r
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // addrsIn lists the addresses of the namespace at nsPath.
 func addrsIn(nsPath string) (map[string]bool, error) {
 	own := map[string]bool{}
@@ -286,25 +285,14 @@ func addrsIn(nsPath string) (map[string]bool, error) {
 	return own, err
 }
 
-func client(nsPath string) *http.Client {
-	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: lab.DialInNS(nsPath), DisableKeepAlives: true}}
-}
+// probeTimeout bounds one probe: a dropped packet must not stall the table.
+const probeTimeout = 3 * time.Second
 
+// httpGet asks the workload at url from inside the namespace at nsPath.
 func httpGet(ctx context.Context, nsPath, url string) (workload.Reply, error) {
-	var r workload.Reply
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return r, err
-	}
-	resp, err := client(nsPath).Do(req)
-	if err != nil {
-		return r, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return r, fmt.Errorf("HTTP %d", resp.StatusCode)
-	}
-	return r, json.NewDecoder(resp.Body).Decode(&r)
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	return workload.HTTPGetVia(ctx, netnsutil.Dialer(nsPath, nil), url)
 }
 
 func httpOK(ctx context.Context, nsPath, url string) error {
@@ -312,7 +300,8 @@ func httpOK(ctx context.Context, nsPath, url string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := client(nsPath).Do(req)
+	client := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DialContext: netnsutil.Dialer(nsPath, nil), DisableKeepAlives: true}}
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -101,8 +101,8 @@ func Run(ctx context.Context, o Options) error {
 		return ctx.Err()
 	}
 	k.adopt()
-	go k.heartbeat(ctx)
-	go k.retryPending(ctx)
+	go every(ctx, 20*time.Second, func() { k.heartbeat(ctx) })
+	go every(ctx, time.Second, k.retryPending)
 	var wg sync.WaitGroup
 	for i := 0; i < 4; i++ {
 		wg.Go(func() {
@@ -132,22 +132,27 @@ func (k *Kubelet) processNext(ctx context.Context) bool {
 }
 
 // retryPending re-queues pods still waiting (e.g. for the CNI config).
-func (k *Kubelet) retryPending(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+func (k *Kubelet) retryPending() {
+	for _, obj := range k.pods.List() {
+		pod := obj.(*corev1.Pod)
+		if pod.Status.Phase == corev1.PodPending || pod.Status.Phase == "" {
+			if key, err := cache.MetaNamespaceKeyFunc(pod); err == nil {
+				k.queue.Add(key)
+			}
+		}
+	}
+}
+
+// every runs fn each period until ctx ends.
+func every(ctx context.Context, period time.Duration, fn func()) {
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		for _, obj := range k.pods.List() {
-			pod := obj.(*corev1.Pod)
-			if pod.Status.Phase == corev1.PodPending || pod.Status.Phase == "" {
-				if key, err := cache.MetaNamespaceKeyFunc(pod); err == nil {
-					k.queue.Add(key)
-				}
-			}
+			fn()
 		}
 	}
 }
@@ -202,16 +207,7 @@ func setCondition(conds *[]corev1.NodeCondition, c corev1.NodeCondition) {
 }
 
 func (k *Kubelet) heartbeat(ctx context.Context) {
-	t := time.NewTicker(20 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := k.updateNodeStatus(ctx); err != nil {
-				k.opts.Log.Warn("node heartbeat", "node", k.opts.Node, "err", err)
-			}
-		}
+	if err := k.updateNodeStatus(ctx); err != nil {
+		k.opts.Log.Warn("node heartbeat", "node", k.opts.Node, "err", err)
 	}
 }

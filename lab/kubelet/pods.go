@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/weftnet/weft/internal/fsutil"
 	"github.com/weftnet/weft/internal/netnsutil"
 )
 
@@ -226,11 +227,7 @@ func (k *Kubelet) save(r *podRun) error {
 	if err != nil {
 		return err
 	}
-	tmp := k.statePath(r.UID) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, k.statePath(r.UID)); err != nil {
+	if err := fsutil.WriteFileAtomic(k.statePath(r.UID), b, 0o644); err != nil {
 		return err
 	}
 	k.mu.Lock()

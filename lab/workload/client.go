@@ -30,14 +30,22 @@ var httpClient = &http.Client{
 
 // HTTPGet fetches url (a workload's GET /) and parses its JSON reply. A
 // status other than 200 is an error.
-func HTTPGet(ctx context.Context, url string) (Reply, error) {
+func HTTPGet(ctx context.Context, url string) (Reply, error) { return HTTPGetVia(ctx, nil, url) }
+
+// HTTPGetVia is HTTPGet with connections opened by dial (for instance from
+// inside a network namespace); a nil dial is a plain dialer.
+func HTTPGetVia(ctx context.Context, dial func(ctx context.Context, network, addr string) (net.Conn, error), url string) (Reply, error) {
+	client := httpClient
+	if dial != nil {
+		client = &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dial, DisableKeepAlives: true}}
+	}
 	ctx, cancel := withDeadline(ctx)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Reply{}, fmt.Errorf("workload: GET %s: %w", url, err)
 	}
-	resp, err := httpClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return Reply{}, fmt.Errorf("workload: GET %s: %w", url, err)
 	}

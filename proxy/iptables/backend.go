@@ -26,9 +26,6 @@ func New(cfg Config, families []int, r Runner) *Backend {
 	return b
 }
 
-// Config returns the backend's configuration.
-func (b *Backend) Config() Config { return b.cfg }
-
 // Render returns the rulesets Sync would apply (for --dry-run).
 func (b *Backend) Render(st model.State) []*Ruleset {
 	var out []*Ruleset

@@ -2,9 +2,7 @@ package iptables_test
 
 import (
 	"context"
-	"encoding/json"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -171,26 +169,14 @@ func (n *node) sync() iptables.Stats {
 // get fetches the workload's JSON answer from the namespace at ns ("" is
 // the node), optionally from a given source address.
 func get(ns, src, url string) (workload.Reply, error) {
-	var r workload.Reply
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		d := net.Dialer{Timeout: 700 * time.Millisecond}
-		if src != "" {
-			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
-		}
-		do := func() (err error) { c, err = d.DialContext(ctx, network, addr); return err }
-		if ns == "" {
-			return c, do()
-		}
-		return c, netnsutil.Do(ns, do)
+	var local net.Addr
+	if src != "" {
+		local = &net.TCPAddr{IP: net.ParseIP(src)}
 	}
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
-	resp, err := client.Get(url)
-	if err != nil {
-		return r, err
-	}
-	defer resp.Body.Close()
-	return r, json.NewDecoder(resp.Body).Decode(&r)
+	// Dropped traffic must fail fast; a connection refused fails at once.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return workload.HTTPGetVia(ctx, netnsutil.Dialer(ns, local), url)
 }
 
 func service(name, clusterIP string, mutate func(*corev1.Service)) *corev1.Service {

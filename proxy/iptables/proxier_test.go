@@ -98,7 +98,7 @@ func TestHealthCheckNodePort(t *testing.T) {
 	p.OnEndpointSlice(nil, withLocal)
 	p.OnSynced()
 	health := func() (int, int) {
-		c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: dialFrom(n.ext)}}
+		c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(n.ext, nil)}}
 		resp, err := c.Get("http://" + nodeIP + ":32001/")
 		if err != nil {
 			return 0, -1
@@ -114,18 +114,6 @@ func TestHealthCheckNodePort(t *testing.T) {
 	waitFor(t, "health check 200 with 1 local endpoint", func() bool { code, k := health(); return code == 200 && k == 1 })
 	p.OnEndpointSlice(withLocal, slice("local", endpoint{remoteEP, otherNode}))
 	waitFor(t, "health check 503 with 0 local endpoints", func() bool { code, k := health(); return code == 503 && k == 0 })
-}
-
-func dialFrom(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := netnsutil.Do(ns, func() (err error) {
-			var d net.Dialer
-			c, err = d.DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
 }
 
 // waitFor polls cond (an eventual state reached by the proxy's sync loop).

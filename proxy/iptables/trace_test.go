@@ -7,74 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/iptables/tracer"
 	"github.com/weftnet/weft/proxy/model"
 )
 
-// Addresses of the tracer scenario (pods a, b, c on this node).
-const (
-	podA, podB, podC = "10.244.1.2", "10.244.1.3", "10.244.1.4"
-	extIPv4          = "198.51.100.5"
-)
-
-func traceScenario() ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
-	local := func(ip string) endpoint { return endpoint{ip, nodeName} }
-	svcs := []*corev1.Service{
-		service("web", "10.96.0.10", nil),
-		service("np", "10.96.0.11", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = 30080 }),
-		service("local", "10.96.0.12", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.Ports[0].NodePort = 30081
-			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		}),
-		service("remote-only", "10.96.0.13", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.Ports[0].NodePort = 30082
-			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		}),
-		service("lb", "10.96.0.14", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeLoadBalancer
-			s.Spec.Ports[0].NodePort = 30083
-			s.Spec.LoadBalancerSourceRanges = []string{extIP + "/32"}
-			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
-		}),
-		service("sticky", "10.96.0.15", func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }),
-		service("empty", "10.96.0.16", nil),
-		service("itp", "10.96.0.17", func(s *corev1.Service) {
-			p := corev1.ServiceInternalTrafficPolicyLocal
-			s.Spec.InternalTrafficPolicy = &p
-		}),
-		service("itp-remote", "10.96.0.18", func(s *corev1.Service) {
-			p := corev1.ServiceInternalTrafficPolicyLocal
-			s.Spec.InternalTrafficPolicy = &p
-		}),
-		service("extip", "10.96.0.19", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{extIPv4} }),
-		service("dns", "10.96.0.53", func(s *corev1.Service) {
-			s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 81, Protocol: corev1.ProtocolUDP}}
-		}),
-	}
-	slices := []*discoveryv1.EndpointSlice{
-		slice("web", local(podA), local(podB), local(podC)),
-		slice("np", local(podB), local(podC)),
-		slice("local", local(podC), endpoint{remoteEP, otherNode}),
-		slice("remote-only", endpoint{remoteEP, otherNode}),
-		slice("lb", local(podB)),
-		slice("sticky", local(podA), local(podB)),
-		slice("itp", local(podA), endpoint{remoteEP, otherNode}),
-		slice("itp-remote", endpoint{remoteEP, otherNode}),
-		slice("extip", local(podB)),
-		udpSlice("dns", podA),
-	}
-	return svcs, slices
-}
-
 func renderTraced(t *testing.T) *tracer.Ruleset {
 	t.Helper()
-	svcs, eps := traceScenario()
+	svcs, eps := scenario()
 	st, errs := model.Build(svcs, eps)
 	if len(errs) > 0 {
 		t.Fatal(errs)
@@ -134,9 +74,10 @@ func TestTraceFlows(t *testing.T) {
 		{"LB IP second port", ext, lbIP, "tcp", 81, false, []string{ep(podB, 81, true)}},
 		{"LB nodePort ignores sourceRanges", ext2, node, "tcp", 30083, false, []string{ep(podB, 80, true)}},
 		{"LB clusterIP", pod, "10.96.0.14", "tcp", 80, false, []string{ep(podB, 80, false)}},
-		{"affinity service balances first packets", pod, "10.96.0.15", "tcp", 80, false, []string{ep(podA, 80, true), ep(podB, 80, false)}},
+		{"affinity service balances first packets", pod, "10.96.0.15", "tcp", 80, false, []string{ep(podA, 80, true), ep(podB, 80, false), ep(podC, 80, false)}},
 		{"no endpoints: REJECT", pod, "10.96.0.16", "tcp", 80, false, []string{"REJECT"}},
 		{"no endpoints from the node: REJECT", node, "10.96.0.16", "tcp", 80, true, []string{"REJECT"}},
+		{"hairpin service: a reaches itself, masqueraded", pod, "10.96.0.21", "tcp", 80, false, []string{ep(podA, 80, true)}},
 		{"no endpoints, other port also REJECT", pod, "10.96.0.16", "tcp", 81, false, []string{"REJECT"}},
 		{"iTP Local: only the local endpoint", podB, "10.96.0.17", "tcp", 80, false, []string{ep(podA, 80, false)}},
 		{"iTP Local without local endpoint: DROP", pod, "10.96.0.18", "tcp", 80, false, []string{"DROP"}},

@@ -22,41 +22,12 @@ import (
 func TestServiceTraffic(t *testing.T) {
 	n := newNode(t, "a", "b", "c")
 	a, b, c := n.pods["a"], n.pods["b"], n.pods["c"]
-	n.svcs = []*corev1.Service{
-		service("web", "10.96.0.10", nil),
-		service("np", "10.96.0.11", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.Ports[0].NodePort = 30080
-		}),
-		service("local", "10.96.0.12", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.Ports[0].NodePort = 30081
-			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		}),
-		service("remote-only", "10.96.0.13", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.Ports[0].NodePort = 30082
-			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		}),
-		service("lb", "10.96.0.14", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeLoadBalancer
-			s.Spec.Ports[0].NodePort = 30083
-			s.Spec.LoadBalancerSourceRanges = []string{extIP + "/32"}
-			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
-		}),
-		service("sticky", "10.96.0.15", func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }),
-		service("empty", "10.96.0.16", nil),
-		service("self", "10.96.0.17", nil),
+	for name, want := range map[string]string{"a": podA, "b": podB, "c": podC} {
+		if got := n.pods[name].ip.String(); got != want {
+			t.Fatalf("pod %s got %s from IPAM, the scenario expects %s", name, got, want)
+		}
 	}
-	n.slices = append(n.slices,
-		slice("web", n.local("a"), n.local("b"), n.local("c")),
-		slice("np", n.local("b"), n.local("c")),
-		slice("local", n.local("c"), endpoint{remoteEP, otherNode}),
-		slice("remote-only", endpoint{remoteEP, otherNode}),
-		slice("lb", n.local("b")),
-		slice("sticky", n.local("a"), n.local("b"), n.local("c")),
-		slice("self", n.local("a")),
-	)
+	n.svcs, n.slices = scenario()
 	n.sync()
 
 	t.Run("ClusterIP from a pod spreads over endpoints, source kept", func(t *testing.T) {
@@ -143,7 +114,7 @@ func TestServiceTraffic(t *testing.T) {
 		}
 	})
 	t.Run("hairpin: a pod reaches itself through its service", func(t *testing.T) {
-		r, err := get(a.ns, "", "http://10.96.0.17/")
+		r, err := get(a.ns, "", "http://10.96.0.21/")
 		if err != nil || r.Pod != "a" {
 			t.Fatalf("%+v %v", r, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -318,22 +319,43 @@ func TestAgentRestartKeepsStream(t *testing.T) {
 	}
 	exchange("hello")
 	for _, d := range []string{"node1-agent", "node2-agent"} {
+		before, _ := lab.PID(c.dir, d)
 		if err := lab.Restart(c.dir, d); err != nil {
 			t.Fatal(err)
 		}
+		if after, ok := lab.PID(c.dir, d); !ok || after == before {
+			t.Fatalf("%s was not restarted (pid %d, then %d)", d, before, after)
+		}
 		exchange("during restart of " + d)
 	}
-	// The restarted agents resync (routes re-applied, no disruption).
-	deadline := time.Now().Add(15 * time.Second)
-	for !logged(c.dir, "node2-agent", "weft-agent starting") || len(ownedRoutes(t, c.node("node1"))) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("agents did not come back")
-		}
-		time.Sleep(50 * time.Millisecond)
+	// A restarted agent's /healthz turns 200 only after its first full sync
+	// (routes re-applied): the stream must have lived through both.
+	for _, n := range []string{"node1", "node2"} {
+		url := fmt.Sprintf("http://%s:%d/healthz", c.node(n).IP, lab.AgentPort)
+		waitHealthy(t, c.node(n).NSPath(), url)
 	}
-	time.Sleep(time.Second) // let both agents complete a sync against the live stream
 	for i := 0; i < 5; i++ {
 		exchange(fmt.Sprintf("after restart %d", i))
+	}
+}
+
+// waitHealthy polls url from the namespace at nsPath until it answers 200.
+func waitHealthy(t *testing.T, nsPath, url string) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(nsPath, nil), DisableKeepAlives: true}}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not healthy: %v", url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

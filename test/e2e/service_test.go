@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -23,14 +21,9 @@ import (
 
 // fetch GETs url from inside the namespace at nsPath.
 func fetch(nsPath, url string) (workload.Reply, error) {
-	var r workload.Reply
-	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: lab.DialInNS(nsPath), DisableKeepAlives: true}}
-	resp, err := c.Get(url)
-	if err != nil {
-		return r, err
-	}
-	defer resp.Body.Close()
-	return r, json.NewDecoder(resp.Body).Decode(&r)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return workload.HTTPGetVia(ctx, netnsutil.Dialer(nsPath, nil), url)
 }
 
 func (c *cluster) pod(t *testing.T, name, node string, labels map[string]string) (*corev1.Pod, string) {

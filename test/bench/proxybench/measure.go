@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
 )
 
@@ -56,7 +57,7 @@ type syncs struct{ count, sum float64 }
 type scraper struct{ c *http.Client }
 
 func newScraper(b *box) *scraper {
-	return &scraper{&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: lab.DialInNS(b.path)}}}
+	return &scraper{&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(b.path, nil)}}}
 }
 
 // get reads kubeproxy_sync_proxy_rules_duration_seconds' _count and _sum,
