@@ -17,10 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weftnet/weft/agent"
@@ -102,18 +98,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", mode)
 	}
 	cidrs := []netip.Prefix(f.clusterCIDRs)
-	var cfg *rest.Config
-	var err error
-	if f.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return err
-	}
-	cfg.UserAgent = "weft-agent/" + buildinfo.Version
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.NewClient(f.kubeconfig, "weft-agent/"+buildinfo.Version)
 	if err != nil {
 		return err
 	}

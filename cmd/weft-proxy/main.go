@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/weftnet/weft/internal/buildinfo"
 	"github.com/weftnet/weft/internal/cliflag"
@@ -101,12 +99,7 @@ func run(f flags, log *slog.Logger) error {
 	if f.manifests != "" {
 		source = func(ctx context.Context) error { return kube.WatchManifests(ctx, f.manifests, p, log) }
 	} else {
-		rc, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-		if err != nil {
-			return err
-		}
-		rc.UserAgent = "weft-proxy/" + buildinfo.Version
-		client, err := kubernetes.NewForConfig(rc)
+		client, err := kube.NewClient(f.kubeconfig, "weft-proxy/"+buildinfo.Version)
 		if err != nil {
 			return err
 		}
