@@ -9,6 +9,10 @@ packages=(
 	nftables   # nft: portmap's nftables backend and the nftables proxy backend
 	util-linux # unshare, flock
 	etcd-server # the lab control plane's store
+	ipset      # NetworkPolicy address sets
+	conntrack  # conntrack CLI: inspecting flows in tests
+	bind9-dnsutils # dig: DNS tests against weft-dns
+	dnsperf    # DNS benchmark (make bench)
 )
 
 missing=()
