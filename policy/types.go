@@ -1,0 +1,125 @@
+package policy
+
+import (
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// Input is the cluster state the compiler reads.
+type Input struct {
+	Pods       []*corev1.Pod
+	Namespaces []*corev1.Namespace
+	Policies   []*networkingv1.NetworkPolicy
+}
+
+// Desired is the compiled state: the rules of every pod that some policy
+// isolates, and the address sets those rules refer to.
+type Desired struct {
+	// Pods holds one entry per isolated pod, sorted by key.
+	Pods []PodRules
+	// Sets are the address sets, by ID (stable across compiles for the same
+	// policy rule, so a backend can update one in place).
+	Sets map[string]AddrSet
+	// Errors are the rejected policies; their pods stay isolated.
+	Errors []*FieldError
+}
+
+// PodRules are one pod's isolation and allow rules.
+type PodRules struct {
+	Key      string // namespace/name
+	Node     string
+	IPs      []netip.Addr
+	Ingress  Direction
+	Egress   Direction
+	Policies []string // keys of the policies selecting the pod
+}
+
+// Direction is the isolation of one direction: when Isolated, a packet is
+// allowed only if one of Rules allows it.
+type Direction struct {
+	Isolated bool
+	Rules    []Rule
+}
+
+// Rule allows packets whose peer is in one of the Peers sets (any peer when
+// AllPeers) and whose destination port matches one of Ports (any port and
+// protocol when Ports is empty).
+type Rule struct {
+	Policy   string // key of the policy the rule comes from
+	AllPeers bool
+	Peers    []string // set IDs
+	Ports    []PortRange
+}
+
+// Protocol is a transport protocol a policy port names.
+type Protocol string
+
+// The protocols NetworkPolicy supports.
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// PortRange is a protocol and an inclusive destination port range; From 0
+// means every port of the protocol.
+type PortRange struct {
+	Protocol Protocol
+	From, To uint16
+}
+
+// Matches reports whether the range covers port/proto.
+func (r PortRange) Matches(proto Protocol, port uint16) bool {
+	if r.Protocol != proto {
+		return false
+	}
+	return r.From == 0 || (port >= r.From && port <= r.To)
+}
+
+// SetKind says how a set matches addresses.
+type SetKind string
+
+// Set kinds.
+const (
+	// SetAddrs holds single addresses (pods).
+	SetAddrs SetKind = "addrs"
+	// SetNets holds one ipBlock: a CIDR minus its exceptions.
+	SetNets SetKind = "nets"
+)
+
+// AddrSet is a set of addresses. An address is in a SetNets set when it is
+// in Nets and in none of Except.
+type AddrSet struct {
+	Kind   SetKind
+	Addrs  []netip.Addr
+	Nets   []netip.Prefix
+	Except []netip.Prefix
+}
+
+// Contains reports whether ip is in the set.
+func (s AddrSet) Contains(ip netip.Addr) bool {
+	switch s.Kind {
+	case SetAddrs:
+		for _, a := range s.Addrs {
+			if a == ip {
+				return true
+			}
+		}
+		return false
+	default:
+		in := false
+		for _, n := range s.Nets {
+			if n.Contains(ip) {
+				in = true
+			}
+		}
+		for _, e := range s.Except {
+			if e.Contains(ip) {
+				return false
+			}
+		}
+		return in
+	}
+}
