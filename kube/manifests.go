@@ -20,8 +20,8 @@ import (
 // fileObjects are the objects of one manifest file, by kind/namespace/name.
 type fileObjects map[string]runtime.Object
 
-// ParseManifests decodes a YAML or JSON file holding one or many Services
-// and EndpointSlices (YAML documents separated by "---", a JSON object, or a
+// ParseManifests decodes a YAML or JSON file holding one or many Services,
+// EndpointSlices and Pods (YAML documents separated by "---", a JSON object, or a
 // v1 List). Any problem fails the whole file with an error naming the file
 // and the line of the document that broke.
 func ParseManifests(path string, data []byte) (map[string]runtime.Object, error) {
@@ -72,8 +72,13 @@ func objectKey(o runtime.Object) (string, error) {
 			v.Namespace = "default"
 		}
 		return "EndpointSlice/" + v.Namespace + "/" + v.Name, nil
+	case *corev1.Pod:
+		if v.Namespace == "" {
+			v.Namespace = "default"
+		}
+		return "Pod/" + v.Namespace + "/" + v.Name, nil
 	}
-	return "", fmt.Errorf("kind %T is not a Service or an EndpointSlice", o)
+	return "", fmt.Errorf("kind %T is not a Service, an EndpointSlice or a Pod", o)
 }
 
 // splitYAML splits on lines that are exactly "---", keeping line counts.
@@ -213,6 +218,12 @@ func (w *manifestWatcher) send(old, new runtime.Object) {
 		oldE, _ := old.(*discoveryv1.EndpointSlice)
 		newE, _ := new.(*discoveryv1.EndpointSlice)
 		w.h.OnEndpointSlice(oldE, newE)
+	case *corev1.Pod:
+		if ph, ok := w.h.(PodHandler); ok {
+			oldP, _ := old.(*corev1.Pod)
+			newP, _ := new.(*corev1.Pod)
+			ph.OnPod(oldP, newP)
+		}
 	default:
 		w.log.Warn("ignoring object", "type", fmt.Sprintf("%T", o))
 	}

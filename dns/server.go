@@ -1,0 +1,202 @@
+package dns
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"sync"
+	"syscall"
+
+	mdns "github.com/miekg/dns"
+	"golang.org/x/sys/unix"
+)
+
+// Server serves a Handler over UDP and TCP.
+type Server struct {
+	h       *Handler
+	log     *slog.Logger
+	soaWire []byte // the zone's SOA record, packed, for fast NXDOMAIN
+	// Sockets is the number of SO_REUSEPORT UDP sockets (default GOMAXPROCS).
+	Sockets int
+	// MaxInflight bounds concurrent general-path UDP queries (default 1024);
+	// beyond it queries are dropped and the client retries.
+	MaxInflight int
+
+	mu    sync.Mutex
+	udp   []*net.UDPConn
+	tcp   *mdns.Server
+	tcpLn net.Listener
+}
+
+// NewServer returns a server for h.
+func NewServer(h *Handler, log *slog.Logger) *Server {
+	buf := make([]byte, 512)
+	n, err := mdns.PackRR(h.Index.SOA(), buf, 0, nil, false)
+	if err != nil {
+		panic(fmt.Sprintf("packing the zone SOA: %v", err)) // a constant record
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{h: h, log: log, soaWire: buf[:n]}
+}
+
+// Listen opens the UDP sockets and the TCP listener on addr (host:port;
+// port 0 picks one port for both).
+func (s *Server) Listen(addr string) error {
+	n := s.Sockets
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) })
+		return errors.Join(err, serr)
+	}}
+	first, err := lc.ListenPacket(context.Background(), "udp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on udp %s: %w", addr, err)
+	}
+	s.udp = append(s.udp, first.(*net.UDPConn))
+	addr = first.LocalAddr().String()
+	for i := 1; i < n; i++ {
+		c, err := lc.ListenPacket(context.Background(), "udp", addr)
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("listening on udp %s: %w", addr, err)
+		}
+		s.udp = append(s.udp, c.(*net.UDPConn))
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		s.Close()
+		return fmt.Errorf("listening on tcp %s: %w", addr, err)
+	}
+	s.tcpLn = ln
+	return nil
+}
+
+// Addr returns the address served (after Listen).
+func (s *Server) Addr() string { return s.udp[0].LocalAddr().String() }
+
+// Serve answers until Close; it returns after every socket is closed.
+func (s *Server) Serve() {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(s.MaxInflight, 1024))
+	if s.MaxInflight > 0 {
+		sem = make(chan struct{}, s.MaxInflight)
+	}
+	for _, c := range s.udp {
+		wg.Go(func() { s.serveUDP(c, sem) })
+	}
+	s.mu.Lock()
+	s.tcp = &mdns.Server{
+		Listener:      s.tcpLn,
+		Handler:       mdns.HandlerFunc(s.serveTCP),
+		MsgAcceptFunc: func(mdns.Header) mdns.MsgAcceptAction { return mdns.MsgAccept },
+	}
+	srv := s.tcp
+	s.mu.Unlock()
+	wg.Go(func() {
+		if err := srv.ActivateAndServe(); err != nil {
+			s.log.Debug("tcp server stopped", "err", err)
+		}
+	})
+	wg.Wait()
+}
+
+// Close stops serving.
+func (s *Server) Close() {
+	for _, c := range s.udp {
+		c.Close()
+	}
+	s.mu.Lock()
+	srv := s.tcp
+	s.mu.Unlock()
+	if srv != nil {
+		_ = srv.Shutdown()
+	} else if s.tcpLn != nil {
+		s.tcpLn.Close()
+	}
+}
+
+func (s *Server) serveUDP(c *net.UDPConn, sem chan struct{}) {
+	buf := make([]byte, 65536)
+	out := make([]byte, 0, 4096)
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		s.h.Metrics.query(false)
+		if r := s.fastReply(buf[:n], out); r != nil {
+			_, _ = c.WriteToUDPAddrPort(r, from)
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			continue // overloaded: drop, the client retries
+		}
+		pkt := append([]byte(nil), buf[:n]...)
+		go func() {
+			defer func() { <-sem }()
+			if r := s.Answer(pkt, false); r != nil {
+				_, _ = c.WriteToUDPAddrPort(r, from)
+			}
+		}()
+	}
+}
+
+func (s *Server) serveTCP(w mdns.ResponseWriter, req *mdns.Msg) {
+	s.h.Metrics.query(true)
+	if err := w.WriteMsg(s.h.Resolve(context.Background(), req, true)); err != nil {
+		s.log.Debug("writing tcp reply", "err", err)
+	}
+}
+
+// Answer answers one query packet as the server would (fast path first,
+// then the general path). It returns nil when the packet must be dropped
+// (too short to have a header, or itself a reply).
+func (s *Server) Answer(pkt []byte, tcp bool) []byte {
+	if !tcp {
+		if r := s.fastReply(pkt, make([]byte, 0, 4096)); r != nil {
+			return r
+		}
+	}
+	req := new(mdns.Msg)
+	if err := req.Unpack(pkt); err != nil {
+		return formErr(pkt)
+	}
+	if req.Response {
+		return nil // never answer a reply: no reflection loops
+	}
+	b, err := s.h.Resolve(context.Background(), req, tcp).Pack()
+	if err != nil {
+		s.log.Debug("packing reply", "err", err)
+		return formErr(pkt)
+	}
+	return b
+}
+
+// formErr is FORMERR for a packet that does not unpack: the header only,
+// with its ID and opcode. Packets shorter than a header, or replies, get
+// nothing.
+func formErr(pkt []byte) []byte {
+	if len(pkt) < 12 || pkt[2]&0x80 != 0 {
+		return nil
+	}
+	out := make([]byte, 12)
+	copy(out, pkt[:2])
+	out[2] = 0x80 | pkt[2]&0x79 // QR, opcode, RD
+	out[3] = mdns.RcodeFormatError
+	binary.BigEndian.PutUint16(out[4:], 0)
+	return out
+}

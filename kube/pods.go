@@ -1,0 +1,66 @@
+package kube
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// PodHandler receives Pods: old nil on add, new nil on delete. A handler
+// given to WatchManifests that also implements PodHandler receives the Pods
+// found in manifest files.
+type PodHandler interface {
+	OnPod(old, new *corev1.Pod)
+}
+
+// WatchPods feeds h from a Pod informer until ctx ends, calling synced once
+// the initial list has been delivered. The informer keeps only what
+// consumers read (names, hostname, subdomain, addresses, phase,
+// conditions), so a large cluster's pods cost little memory.
+func WatchPods(ctx context.Context, c kubernetes.Interface, h PodHandler, synced func()) error {
+	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTransform(slimPod))
+	inf := f.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { h.OnPod(nil, o.(*corev1.Pod)) },
+		UpdateFunc: func(o, n any) { h.OnPod(o.(*corev1.Pod), n.(*corev1.Pod)) },
+		DeleteFunc: func(o any) {
+			if p, ok := unwrap(o).(*corev1.Pod); ok {
+				h.OnPod(p, nil)
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return ctx.Err()
+	}
+	if synced != nil {
+		synced()
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// slimPod drops the fields no weft consumer reads.
+func slimPod(o any) (any, error) {
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return o, nil
+	}
+	return &corev1.Pod{
+		TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp,
+		},
+		Spec: corev1.PodSpec{Hostname: p.Spec.Hostname, Subdomain: p.Spec.Subdomain, NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status: corev1.PodStatus{
+			Phase: p.Status.Phase, Conditions: p.Status.Conditions, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
+		},
+	}, nil
+}
