@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -164,7 +167,7 @@ type ruleTemplate struct {
 
 func (c *compiler) template(p *networkingv1.NetworkPolicy, dir string, i int, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) ruleTemplate {
 	key := Key(p)
-	base := fmt.Sprintf("%s/%s/%d", key, dir, i)
+	base := fmt.Sprintf("%s@%s/%s/%d", key, specHash(p), dir, i)
 	t := ruleTemplate{policy: key, allPeers: len(peers) == 0, ports: ports}
 	var peerPods []*pod // pods among the peers (for egress named ports)
 	if !t.allPeers {
@@ -278,6 +281,15 @@ func (c *compiler) egressRules(t ruleTemplate, base string, peerPods []*pod) []R
 		return named
 	}
 	return append([]Rule{numeric}, named...)
+}
+
+// specHash fingerprints a policy's spec: set IDs carry it, so a changed
+// policy gets new sets (switched to atomically with its rules) while
+// membership changes of an unchanged policy update its sets in place.
+func specHash(p *networkingv1.NetworkPolicy) string {
+	b, _ := json.Marshal(p.Spec)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:4])
 }
 
 func protocol(p *corev1.Protocol) Protocol {

@@ -75,20 +75,26 @@ func TestSetIDsStableAndShared(t *testing.T) {
 	d1 := compile(w, p)
 	w.Namespace("z").Labels[nt.NSLabel] = "y"
 	d2 := compile(w, p)
-	id := "x/p/ingress/0/pods"
+	id := setID(t, d1, "/ingress/0/pods")
+	blockID := setID(t, d1, "/ingress/0/block/1")
 	if got := len(d1.Sets[id].Addrs); got != 3 {
 		t.Fatalf("set %s has %d addresses, want y's 3 pods", id, got)
 	}
 	if got := len(d2.Sets[id].Addrs); got != 6 {
 		t.Fatalf("after relabelling z, set %s has %d addresses, want 6", id, got)
 	}
-	blk := d1.Sets["x/p/ingress/0/block/1"]
+	blk := d1.Sets[blockID]
 	if blk.Kind != policy.SetNets || !blk.Contains(netip.MustParseAddr("10.2.0.1")) || blk.Contains(netip.MustParseAddr("10.1.2.3")) {
 		t.Fatalf("block set %+v", blk)
 	}
+	// A changed spec gets new sets.
+	p.Spec.Ingress[0].Ports = []networkingv1.NetworkPolicyPort{nt.Port(corev1.ProtocolTCP, 80)}
+	if _, ok := compile(w, p).Sets[id]; ok {
+		t.Fatalf("set %s survived a spec change", id)
+	}
 	// Every pod of x shares the same set, not a copy per pod.
 	for _, pr := range d1.Pods {
-		if len(pr.Ingress.Rules) != 1 || strings.Join(pr.Ingress.Rules[0].Peers, ",") != id+",x/p/ingress/0/block/1" {
+		if len(pr.Ingress.Rules) != 1 || strings.Join(pr.Ingress.Rules[0].Peers, ",") != id+","+blockID {
 			t.Fatalf("%s rules %+v", pr.Key, pr.Ingress.Rules)
 		}
 	}
@@ -160,4 +166,15 @@ func TestHostNetworkAndPendingPodsIgnored(t *testing.T) {
 	if len(d.Pods) != 1 || d.Pods[0].Key != "x/c" {
 		t.Fatalf("isolated %v, want only x/c", d.Pods)
 	}
+}
+
+func setID(t *testing.T, d policy.Desired, suffix string) string {
+	t.Helper()
+	for id := range d.Sets {
+		if strings.HasPrefix(id, "x/p@") && strings.HasSuffix(id, suffix) {
+			return id
+		}
+	}
+	t.Fatalf("no set *%s in %v", suffix, d.Sets)
+	return ""
 }

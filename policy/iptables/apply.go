@@ -1,0 +1,316 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Runner executes the kernel tools; tests may record instead.
+type Runner interface {
+	IPSetRestore(payload []byte) error
+	IPSetNames() ([]string, error)
+	IPTablesRestore(payload []byte) error
+	IPTablesSave() ([]byte, error) // the filter table, with counters
+}
+
+// Exec runs ipset, iptables-restore and iptables-save.
+type Exec struct{}
+
+// IPSetRestore runs `ipset restore`.
+func (Exec) IPSetRestore(payload []byte) error {
+	cmd := exec.Command("ipset", "restore")
+	cmd.Stdin = bytes.NewReader(payload)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ipset restore: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// IPSetNames lists the sets.
+func (Exec) IPSetNames() ([]string, error) {
+	out, err := exec.Command("ipset", "list", "-n").Output()
+	if err != nil {
+		return nil, fmt.Errorf("ipset list: %w", err)
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// IPTablesRestore applies a payload without flushing what it does not name.
+func (Exec) IPTablesRestore(payload []byte) error {
+	cmd := exec.Command("iptables-restore", "--noflush", "-w", "5")
+	cmd.Stdin = bytes.NewReader(payload)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables-restore: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// IPTablesSave dumps the filter table with counters.
+func (Exec) IPTablesSave() ([]byte, error) {
+	out, err := exec.Command("iptables-save", "-c", "-t", "filter").Output()
+	if err != nil {
+		return nil, fmt.Errorf("iptables-save: %w", err)
+	}
+	return out, nil
+}
+
+// BridgeNetfilter is the sysctl that shows bridged (same-node) pod traffic
+// to iptables.
+const BridgeNetfilter = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+
+// Applier keeps the node's policy state in line with rendered rulesets.
+type Applier struct {
+	Runner  Runner
+	chains  map[string][]string // applied chains
+	sets    map[string][]string // applied sets
+	applied bool
+}
+
+// Stats describe one apply.
+type Stats struct{ Sets, Chains, DeletedChains, DeletedSets int }
+
+// Apply programs rs (see the package doc for the order that keeps it
+// hole-free). The first apply rewrites everything; later ones only what
+// changed.
+func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
+	var st Stats
+	if a.Runner == nil {
+		a.Runner = Exec{}
+	}
+	if err := ensureBridgeNetfilter(); err != nil {
+		return st, err
+	}
+	if !a.applied {
+		a.chains, a.sets = map[string][]string{}, map[string][]string{}
+	}
+	// 1. Sets: create new ones, swap changed contents in.
+	var sb strings.Builder
+	want := map[string]bool{}
+	for _, s := range rs.Sets {
+		want[s.Name] = true
+		if cur, ok := a.sets[s.Name]; ok && slices.Equal(cur, s.Members) {
+			continue
+		}
+		tmp := tempSetPrefix + strings.TrimPrefix(s.Name, SetPrefix)
+		fmt.Fprintf(&sb, "create %s %s family inet maxelem 1048576 -exist\nflush %s\n", tmp, s.Type, tmp)
+		for _, m := range s.Members {
+			fmt.Fprintf(&sb, "add %s %s -exist\n", tmp, m)
+		}
+		fmt.Fprintf(&sb, "create %s %s family inet maxelem 1048576 -exist\nswap %s %s\ndestroy %s\n", s.Name, s.Type, tmp, s.Name, tmp)
+		st.Sets++
+	}
+	if sb.Len() > 0 {
+		if err := a.Runner.IPSetRestore([]byte(sb.String())); err != nil {
+			a.applied = false
+			return st, err
+		}
+		for _, s := range rs.Sets {
+			a.sets[s.Name] = s.Members
+		}
+	}
+	// 2. Chains and jumps, one transaction.
+	saved, err := a.Runner.IPTablesSave()
+	if err != nil {
+		return st, err
+	}
+	kernel := parseSave(saved)
+	var declare, rules, deletes, jumps []string
+	wantChain := map[string]bool{}
+	for _, c := range rs.Chains {
+		wantChain[c.Name] = true
+		if cur, ok := a.chains[c.Name]; ok && kernel.chains[c.Name] && slices.Equal(cur, c.Rules) {
+			continue
+		}
+		declare = append(declare, ":"+c.Name+" - [0:0]")
+		for _, r := range c.Rules {
+			rules = append(rules, "-A "+c.Name+" "+r)
+		}
+		st.Chains++
+	}
+	for name := range kernel.chains {
+		if strings.HasPrefix(name, Prefix) && !wantChain[name] {
+			declare = append(declare, ":"+name+" - [0:0]") // flush it first
+			deletes = append(deletes, "-X "+name)
+			st.DeletedChains++
+		}
+	}
+	slices.Sort(deletes)
+	for _, j := range rs.Jumps {
+		if first := kernel.first[j.Chain]; first == j.Rule {
+			continue
+		}
+		if slices.Contains(kernel.rules[j.Chain], j.Rule) {
+			jumps = append(jumps, "-D "+j.Chain+" "+j.Rule)
+		}
+		jumps = append(jumps, "-I "+j.Chain+" 1 "+j.Rule)
+	}
+	if len(declare)+len(jumps) > 0 {
+		var b bytes.Buffer
+		b.WriteString("*filter\n")
+		for _, l := range [][]string{declare, rules, jumps, deletes} {
+			for _, s := range l {
+				b.WriteString(s + "\n")
+			}
+		}
+		b.WriteString("COMMIT\n")
+		if err := a.Runner.IPTablesRestore(b.Bytes()); err != nil {
+			a.applied = false
+			return st, err
+		}
+	}
+	a.chains = map[string][]string{}
+	for _, c := range rs.Chains {
+		a.chains[c.Name] = c.Rules
+	}
+	a.applied = true
+	// 3. Sets nobody references any more.
+	names, err := a.Runner.IPSetNames()
+	if err != nil {
+		return st, err
+	}
+	sb.Reset()
+	for _, n := range names {
+		if (strings.HasPrefix(n, SetPrefix) || strings.HasPrefix(n, tempSetPrefix)) && !want[n] {
+			fmt.Fprintf(&sb, "destroy %s\n", n)
+			delete(a.sets, n)
+			st.DeletedSets++
+		}
+	}
+	if sb.Len() > 0 {
+		if err := a.Runner.IPSetRestore([]byte(sb.String())); err != nil {
+			return st, fmt.Errorf("destroying unused sets: %w", err)
+		}
+	}
+	return st, nil
+}
+
+// Cleanup removes every policy chain, jump and set.
+func (a *Applier) Cleanup() error {
+	if a.Runner == nil {
+		a.Runner = Exec{}
+	}
+	a.applied = false
+	var errs []error
+	if saved, err := a.Runner.IPTablesSave(); err != nil {
+		errs = append(errs, err)
+	} else {
+		k := parseSave(saved)
+		var b strings.Builder
+		b.WriteString("*filter\n")
+		for _, j := range Jumps() {
+			if slices.Contains(k.rules[j.Chain], j.Rule) {
+				b.WriteString("-D " + j.Chain + " " + j.Rule + "\n")
+			}
+		}
+		var names []string
+		for n := range k.chains {
+			if strings.HasPrefix(n, Prefix) {
+				names = append(names, n)
+				b.WriteString(":" + n + " - [0:0]\n")
+			}
+		}
+		slices.Sort(names)
+		for _, n := range names {
+			b.WriteString("-X " + n + "\n")
+		}
+		b.WriteString("COMMIT\n")
+		if err := a.Runner.IPTablesRestore([]byte(b.String())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if names, err := a.Runner.IPSetNames(); err != nil {
+		errs = append(errs, err)
+	} else {
+		var b strings.Builder
+		for _, n := range names {
+			if strings.HasPrefix(n, SetPrefix) || strings.HasPrefix(n, tempSetPrefix) {
+				b.WriteString("destroy " + n + "\n")
+			}
+		}
+		if b.Len() > 0 {
+			if err := a.Runner.IPSetRestore([]byte(b.String())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Drops reads the packets dropped by policy so far, per direction.
+func (a *Applier) Drops() (ingress, egress uint64, err error) {
+	if a.Runner == nil {
+		a.Runner = Exec{}
+	}
+	saved, err := a.Runner.IPTablesSave()
+	if err != nil {
+		return 0, 0, err
+	}
+	k := parseSave(saved)
+	return k.drops[ChainDropIn], k.drops[ChainDropOut], nil
+}
+
+// saved is what Apply needs from iptables-save.
+type saved struct {
+	chains map[string]bool
+	rules  map[string][]string // built-in chain -> rules, in order
+	first  map[string]string
+	drops  map[string]uint64 // drop chain -> packets of its DROP rule
+}
+
+func parseSave(b []byte) saved {
+	s := saved{chains: map[string]bool{}, rules: map[string][]string{}, first: map[string]string{}, drops: map[string]uint64{}}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 1<<26)
+	for sc.Scan() {
+		line := sc.Text()
+		var packets uint64
+		if strings.HasPrefix(line, "[") { // counters: [packets:bytes]
+			end := strings.IndexByte(line, ']')
+			if end < 0 {
+				continue
+			}
+			if i := strings.IndexByte(line[:end], ':'); i > 0 {
+				packets, _ = strconv.ParseUint(line[1:i], 10, 64)
+			}
+			line = strings.TrimSpace(line[end+1:])
+		}
+		switch {
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			s.chains[name] = true
+		case strings.HasPrefix(line, "-A "):
+			chain, rule, _ := strings.Cut(line[3:], " ")
+			if chain == "FORWARD" || chain == "INPUT" {
+				if len(s.rules[chain]) == 0 {
+					s.first[chain] = rule
+				}
+				s.rules[chain] = append(s.rules[chain], rule)
+			}
+			if (chain == ChainDropIn || chain == ChainDropOut) && strings.HasSuffix(rule, "-j DROP") {
+				s.drops[chain] += packets
+			}
+		}
+	}
+	return s
+}
+
+func ensureBridgeNetfilter() error {
+	cur, err := os.ReadFile(BridgeNetfilter)
+	if err != nil {
+		return fmt.Errorf("bridge netfilter unavailable (same-node pod traffic could not be filtered): %w", err)
+	}
+	if strings.TrimSpace(string(cur)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(BridgeNetfilter, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("enabling bridge netfilter: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,39 @@
+// Package iptables enforces compiled NetworkPolicy rules (policy.Desired)
+// on one node with iptables and ipset.
+//
+// Design note. Render is pure: it keeps the pods scheduled on this node and
+// turns them into
+//
+//   - ipsets (hash:ip for selected pods, hash:net with nomatch entries for an
+//     ipBlock and its except list), one per address set of the rules;
+//   - filter chains: WEFT-POL-FORWARD (jumped to first from FORWARD) returns
+//     at once for ESTABLISHED/RELATED packets (replies always pass), then
+//     dispatches by source address to each egress-isolated pod's chain
+//     (WEFT-POL-EGRESS -> WEFT-POL-E-<hash>) and by destination address to
+//     each ingress-isolated pod's chain (WEFT-POL-INGRESS -> WEFT-POL-I-<hash>).
+//     WEFT-POL-INPUT (first in INPUT) applies the egress chains to what local
+//     pods send to the node itself. OUTPUT is not hooked: the node always
+//     reaches its pods (kubelet probes). A pod chain RETURNs for each allowed
+//     (peer set, port) pair and otherwise jumps to WEFT-POL-DROP-IN or
+//     WEFT-POL-DROP-OUT, whose DROP rule counts the drops (metrics) and which
+//     optionally log, rate-limited. Policy chains never ACCEPT, so what
+//     follows in FORWARD (the agent's and the proxy's rules) still applies to
+//     allowed packets.
+//
+// Same-node pod traffic is bridged on weft0; the kernel shows it to iptables
+// only with net.bridge.bridge-nf-call-iptables=1, which Apply ensures.
+//
+// Apply is the thin kernel layer, ordered so that no moment opens a hole:
+// (1) one `ipset restore` creates the new sets and refreshes changed ones by
+// filling a temporary set and swapping it in (atomic per set); (2) one
+// `iptables-restore --noflush` transaction rewrites the changed WEFT-POL
+// chains, the dispatch chains, and deletes chains no longer wanted, then the
+// jumps are made sure to be first in FORWARD and INPUT (moved in one
+// transaction); (3) sets no longer referenced are destroyed. Set names are
+// derived from set IDs, which carry a fingerprint of the policy's spec: a
+// changed policy gets fresh sets that its new rules switch to atomically,
+// while membership changes of an unchanged policy (pods or namespaces
+// relabelled, pods added or removed) swap the set's content in place.
+//
+// Only IPv4 is enforced.
+package iptables

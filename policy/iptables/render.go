@@ -1,0 +1,235 @@
+package iptables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+
+	"github.com/weftnet/weft/policy"
+)
+
+// Chain names. Every chain this package owns starts with Prefix; the
+// proxy's (WEFT-PROXY-*, WEFT-SERVICES, WEFT-NP-*, ...) and the agent's
+// (WEFT-FORWARD, WEFT-POSTROUTING) never do.
+const (
+	Prefix        = "WEFT-POL-"
+	ChainForward  = "WEFT-POL-FORWARD"
+	ChainInput    = "WEFT-POL-INPUT"
+	ChainIngress  = "WEFT-POL-INGRESS"
+	ChainEgress   = "WEFT-POL-EGRESS"
+	ChainDropIn   = "WEFT-POL-DROP-IN"
+	ChainDropOut  = "WEFT-POL-DROP-OUT"
+	podInPrefix   = "WEFT-POL-I-"
+	podOutPrefix  = "WEFT-POL-E-"
+	SetPrefix     = "WEFT-POL-"
+	tempSetPrefix = "WEFT-POLT-"
+)
+
+// Config is what Render needs besides the compiled rules.
+type Config struct {
+	NodeName string
+	// LogDrops adds a rate-limited LOG rule before each DROP.
+	LogDrops bool
+	// LogRate is the LOG limit (iptables --limit syntax), default 10/second.
+	LogRate string
+}
+
+// Ruleset is one node's policy state.
+type Ruleset struct {
+	Sets   []Set   // sorted by name
+	Chains []Chain // in dependency order: sets' users after the dispatchers
+	Jumps  []Jump
+}
+
+// Set is one ipset.
+type Set struct {
+	Name    string
+	Type    string   // hash:ip or hash:net
+	Members []string // "10.0.0.1", "10.0.0.0/8", "10.1.0.0/16 nomatch"
+}
+
+// Chain is one filter chain and its rules (without "-A NAME").
+type Chain struct {
+	Name  string
+	Rules []string
+}
+
+// Jump is a rule in a built-in filter chain that must come first.
+type Jump struct{ Chain, Rule string }
+
+// Jumps are the rules entering the policy chains.
+func Jumps() []Jump {
+	return []Jump{
+		{"FORWARD", `-m comment --comment "weft network policy" -j ` + ChainForward},
+		{"INPUT", `-m comment --comment "weft network policy (pods to their node)" -j ` + ChainInput},
+	}
+}
+
+// Render computes the node's ruleset.
+func Render(d policy.Desired, cfg Config) *Ruleset {
+	rs := &Ruleset{Jumps: Jumps()}
+	usedSets := map[string]bool{}
+	var ingress, egress []string
+	var podChains []Chain
+	for _, p := range d.Pods {
+		if p.Node != cfg.NodeName {
+			continue
+		}
+		ips := v4(p.IPs)
+		if len(ips) == 0 {
+			continue
+		}
+		if p.Ingress.Isolated {
+			name := hashName(podInPrefix, p.Key)
+			for _, ip := range ips {
+				ingress = append(ingress, fmt.Sprintf("-d %s/32 -m comment --comment %q -j %s", ip, p.Key+" ingress", name))
+			}
+			rules := []string{"-m addrtype --src-type LOCAL -m comment --comment \"the node reaches its pods\" -j RETURN"}
+			rules = append(rules, podRules(p.Ingress.Rules, "src", d.Sets, usedSets)...)
+			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropIn)})
+		}
+		if p.Egress.Isolated {
+			name := hashName(podOutPrefix, p.Key)
+			for _, ip := range ips {
+				egress = append(egress, fmt.Sprintf("-s %s/32 -m comment --comment %q -j %s", ip, p.Key+" egress", name))
+			}
+			rules := podRules(p.Egress.Rules, "dst", d.Sets, usedSets)
+			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropOut)})
+		}
+	}
+	ids := make([]string, 0, len(usedSets))
+	for id := range usedSets {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		rs.Sets = append(rs.Sets, renderSet(SetName(id), d.Sets[id]))
+	}
+	sort.Slice(rs.Sets, func(i, j int) bool { return rs.Sets[i].Name < rs.Sets[j].Name })
+	rs.Chains = append(rs.Chains,
+		Chain{ChainDropIn, dropRules(cfg, "ingress")},
+		Chain{ChainDropOut, dropRules(cfg, "egress")},
+	)
+	rs.Chains = append(rs.Chains, podChains...)
+	rs.Chains = append(rs.Chains,
+		Chain{ChainIngress, ingress},
+		Chain{ChainEgress, egress},
+		Chain{ChainForward, []string{
+			"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+			"-j " + ChainEgress,
+			"-j " + ChainIngress,
+		}},
+		Chain{ChainInput, []string{
+			"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+			"-j " + ChainEgress,
+		}},
+	)
+	return rs
+}
+
+// podRules renders allow rules: one RETURN per (peer set, port range).
+func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, used map[string]bool) []string {
+	var out []string
+	for _, r := range rules {
+		comment := fmt.Sprintf("-m comment --comment %q", r.Policy)
+		peers := []string{""}
+		if !r.AllPeers {
+			peers = peers[:0]
+			for _, id := range r.Peers {
+				s := sets[id]
+				if s.Kind == policy.SetAddrs && len(v4(s.Addrs)) == 0 {
+					continue // matches nothing
+				}
+				used[id] = true
+				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", SetName(id), dir))
+			}
+		}
+		ports := []string{""}
+		if len(r.Ports) > 0 {
+			ports = ports[:0]
+			for _, p := range r.Ports {
+				ports = append(ports, portMatch(p))
+			}
+		}
+		for _, peer := range peers {
+			for _, port := range ports {
+				out = append(out, peer+port+comment+" -j RETURN")
+			}
+		}
+	}
+	return out
+}
+
+func portMatch(p policy.PortRange) string {
+	proto := strings.ToLower(string(p.Protocol))
+	switch {
+	case p.From == 0:
+		return "-p " + proto + " "
+	case p.From == p.To:
+		return fmt.Sprintf("-p %s -m %s --dport %d ", proto, proto, p.From)
+	default:
+		return fmt.Sprintf("-p %s -m %s --dport %d:%d ", proto, proto, p.From, p.To)
+	}
+}
+
+func dropRules(cfg Config, dir string) []string {
+	var out []string
+	if cfg.LogDrops {
+		rate := cfg.LogRate
+		if rate == "" {
+			rate = "10/second"
+		}
+		out = append(out, fmt.Sprintf("-m limit --limit %s --limit-burst 20 -j LOG --log-prefix %q", rate, "weft-policy-drop "+dir+": "))
+	}
+	return append(out, fmt.Sprintf("-m comment --comment %q -j DROP", "weft policy "+dir+" drop"))
+}
+
+func renderSet(name string, s policy.AddrSet) Set {
+	out := Set{Name: name, Type: "hash:ip"}
+	if s.Kind == policy.SetAddrs {
+		for _, a := range v4(s.Addrs) {
+			out.Members = append(out.Members, a.String())
+		}
+		return out
+	}
+	out.Type = "hash:net"
+	for _, n := range s.Nets {
+		switch {
+		case !n.Addr().Is4():
+		case n.Bits() == 0: // hash:net has no /0: two halves
+			out.Members = append(out.Members, "0.0.0.0/1", "128.0.0.0/1")
+		default:
+			out.Members = append(out.Members, netString(n))
+		}
+	}
+	for _, n := range s.Except {
+		if n.Addr().Is4() {
+			out.Members = append(out.Members, netString(n)+" nomatch")
+		}
+	}
+	return out
+}
+
+// netString writes a prefix the way ipset accepts it (it has no /0).
+func netString(n netip.Prefix) string { return n.Masked().String() }
+
+// SetName is the ipset of a set ID.
+func SetName(id string) string { return hashName(SetPrefix, id) }
+
+func hashName(prefix, id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return prefix + base32.StdEncoding.EncodeToString(sum[:])[:16]
+}
+
+func v4(ips []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range ips {
+		if a.Is4() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
