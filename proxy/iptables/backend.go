@@ -11,8 +11,9 @@ import (
 // each IP family and applies only what changed, in one iptables-restore
 // transaction per family.
 type Backend struct {
-	cfg      Config
-	appliers []*Applier
+	cfg       Config
+	appliers  []*Applier
+	renderers []*Renderer
 	// LastStats are the stats of the last sync, per family.
 	LastStats []Stats
 }
@@ -22,8 +23,16 @@ func New(cfg Config, families []int, r Runner) *Backend {
 	b := &Backend{cfg: cfg}
 	for _, f := range families {
 		b.appliers = append(b.appliers, &Applier{Family: f, Runner: r})
+		b.renderers = append(b.renderers, NewRenderer(cfg, f))
 	}
 	return b
+}
+
+// SetChunkRules bounds the rules of one iptables-restore (see Applier).
+func (b *Backend) SetChunkRules(n int) {
+	for _, a := range b.appliers {
+		a.ChunkRules = n
+	}
 }
 
 // Render returns the rulesets Sync would apply (for --dry-run).
@@ -39,8 +48,8 @@ func (b *Backend) Render(st model.State) []*Ruleset {
 func (b *Backend) Sync(st model.State, full bool) error {
 	var errs []error
 	b.LastStats = b.LastStats[:0]
-	for _, a := range b.appliers {
-		s, err := a.Apply(Render(b.cfg, st, a.Family), full)
+	for i, a := range b.appliers {
+		s, err := a.Apply(b.renderers[i].Update(st), full)
 		b.LastStats = append(b.LastStats, s)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("syncing iptables (IPv%d): %w", a.Family, err))
@@ -67,9 +76,19 @@ var builtins = map[string][]string{
 }
 
 // Payload renders a ruleset as iptables-save would show it on a node with
-// nothing else installed (for --dry-run and the packet tracer).
+// nothing else installed, preceded by the hairpin set as ipset save shows
+// it (for --dry-run and the packet tracer).
 func Payload(rs *Ruleset) string {
 	var out []byte
+	fam := "inet"
+	if rs.Family == 6 {
+		fam = "inet6"
+	}
+	set := HairpinSet(rs.Family)
+	out = fmt.Appendf(out, "create %s hash:ip,port,ip family %s\n", set, fam)
+	for _, e := range rs.Hairpin() {
+		out = fmt.Appendf(out, "add %s %s\n", set, e)
+	}
 	for _, table := range []string{TableNAT, TableFilter} {
 		out = fmt.Appendf(out, "*%s\n", table)
 		for _, c := range builtins[table] {

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -18,51 +19,88 @@ const (
 	nodePortBucket = 128 // ports per NodePort bucket chain
 )
 
-func (r *renderer) addVIP(ip netip.Addr, rule string) {
+func vipBucket(ip netip.Addr) netip.Prefix {
 	bits := bucketBits4
 	if ip.Is6() {
 		bits = bucketBits6
 	}
-	b := netip.PrefixFrom(ip, bits).Masked()
-	r.vips[b] = append(r.vips[b], rule)
+	return netip.PrefixFrom(ip, bits).Masked()
 }
 
 func bucketPort(p uint16) uint16 { return p / nodePortBucket * nodePortBucket }
 
-// dispatch renders the services chain, the bucket chains, the NodePort
-// chains and the filter chain of ports without endpoints.
-func (r *renderer) dispatch() {
-	buckets := make([]netip.Prefix, 0, len(r.vips))
-	for b := range r.vips {
-		buckets = append(buckets, b)
-	}
-	slices.SortFunc(buckets, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-	for _, b := range buckets {
-		name := hashName("WEFT-VIPS-", b.String())
-		r.add(TableNAT, chainServices, "-d %s -j %s", b, name)
-		c := r.chain(TableNAT, name)
-		c.Rules = append(c.Rules, r.vips[b]...)
-	}
-	for _, ip := range r.cfg.NodePortIPs {
-		if familyOf(ip) == r.family {
-			r.add(TableNAT, chainServices, `-d %s -m comment --comment "node ports" -j %s`, hostLen(ip), chainNodePorts)
+func byName(a, b *portOut) int { return cmp.Compare(a.name, b.name) }
+
+// dispatch rebuilds the bucket chains u touched and, from all buckets, the
+// services chain, the NodePort chain and the filter chain of ports without
+// endpoints.
+func (r *Renderer) dispatch(u *update) {
+	for b := range u.vips {
+		members := sortedMembers(r.vipMembers[b])
+		if len(members) == 0 {
+			delete(r.vipChains, b)
+			continue
 		}
+		var rules []string
+		for _, o := range members {
+			rules = append(rules, o.vips[b]...)
+		}
+		r.vipChains[b] = addressed(TableNAT, "WEFT-VIPS-", rules, b.String())
 	}
-	starts := make([]uint16, 0, len(r.nports))
-	for s := range r.nports {
-		starts = append(starts, s)
+	for s := range u.nports {
+		members := sortedMembers(r.npMembers[s])
+		if len(members) == 0 {
+			delete(r.npChains, s)
+			continue
+		}
+		var rules []string
+		for _, o := range members {
+			rules = append(rules, o.nports[s]...)
+		}
+		r.npChains[s] = addressed(TableNAT, "WEFT-NP-", rules, fmt.Sprint(s))
 	}
-	slices.Sort(starts)
-	for _, s := range starts {
-		name := hashName("WEFT-NP-", fmt.Sprint(s))
-		r.add(TableNAT, chainNodePorts, "-p tcp -m tcp --dport %d:%d -j %s", s, s+nodePortBucket-1, name)
-		r.add(TableNAT, chainNodePorts, "-p udp -m udp --dport %d:%d -j %s", s, s+nodePortBucket-1, name)
-		r.add(TableNAT, chainNodePorts, "-p sctp -m sctp --dport %d:%d -j %s", s, s+nodePortBucket-1, name)
-		c := r.chain(TableNAT, name)
-		c.Rules = append(c.Rules, r.nports[s]...)
+	if r.services == nil || len(u.vips) > 0 {
+		var rules []string
+		for _, b := range sortedKeysFunc(r.vipChains, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) }) {
+			rules = append(rules, fmt.Sprintf("-d %s -j %s", b, r.vipChains[b].Name))
+		}
+		for _, ip := range r.cfg.NodePortIPs {
+			if familyOf(ip) == r.family {
+				rules = append(rules, fmt.Sprintf(`-d %s -m comment --comment "node ports" -j %s`, hostLen(ip), chainNodePorts))
+			}
+		}
+		r.services = &Chain{Table: TableNAT, Name: chainServices, Rules: rules, Fixed: true}
 	}
-	drop := r.cfg.dropMark()
-	r.add(TableFilter, chainFilterSvc, `-m mark --mark %#x/%#x -m comment --comment "source not allowed by loadBalancerSourceRanges" -j DROP`, drop, drop)
-	c := r.chain(TableFilter, chainFilterSvc)
-	c.Rules = append(c.Rules, r.rejects...)
+	if r.nodePorts == nil || len(u.nports) > 0 {
+		var rules []string
+		for _, s := range sortedKeysFunc(r.npChains, cmp.Compare[uint16]) {
+			for _, p := range []string{"tcp", "udp", "sctp"} {
+				rules = append(rules, fmt.Sprintf("-p %s -m %s --dport %d:%d -j %s", p, p, s, s+nodePortBucket-1, r.npChains[s].Name))
+			}
+		}
+		r.nodePorts = &Chain{Table: TableNAT, Name: chainNodePorts, Rules: rules, Fixed: true}
+	}
+	if r.filterSvc == nil || u.rejects {
+		drop := r.cfg.dropMark()
+		rules := []string{fmt.Sprintf(`-m mark --mark %#x/%#x -m comment --comment "source not allowed by loadBalancerSourceRanges" -j DROP`, drop, drop)}
+		for _, o := range sortedMembers(r.rejecting) {
+			rules = append(rules, o.rejects...)
+		}
+		r.filterSvc = &Chain{Table: TableFilter, Name: chainFilterSvc, Rules: rules, Fixed: true}
+	}
+}
+
+func sortedMembers(m map[*portOut]bool) []*portOut {
+	out := make([]*portOut, 0, len(m))
+	for o := range m {
+		out = append(out, o)
+	}
+	slices.SortFunc(out, byName)
+	return out
+}
+
+// addressed returns a content-addressed chain: its name hashes the prefix,
+// the identity and the rules.
+func addressed(table, prefix string, rules []string, identity ...string) *Chain {
+	return &Chain{Table: table, Name: hashName(prefix, append(identity, rules...)...), Rules: rules}
 }

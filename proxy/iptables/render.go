@@ -5,7 +5,6 @@ import (
 	"encoding/base32"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/weftnet/weft/proxy/model"
@@ -25,6 +24,13 @@ const (
 	chainFilterFwd   = "WEFT-PROXY-FORWARD"   // filter: FORWARD
 	chainPrefix      = "WEFT-"
 )
+
+// HairpinSet is the ipset (hash:ip,port,ip) of one family holding, for
+// every endpoint, "ip,proto:port,ip": a connection DNATed to the endpoint
+// it came from matches it and is masqueraded, so that the pod's reply goes
+// back through the node. One set lookup replaces a hairpin rule per
+// endpoint.
+func HairpinSet(family int) string { return fmt.Sprintf("WEFT-HAIRPIN-%d", family) }
 
 // Config is what the renderer needs besides the model.
 type Config struct {
@@ -50,9 +56,14 @@ func (c Config) masqMark() uint32 {
 func (c Config) dropMark() uint32 { return c.masqMark() << 1 }
 
 // Chain is one chain weft owns and its rules, each without "-A CHAIN".
+// Chains are immutable once rendered. Every chain but the few Fixed ones
+// is named after a hash of its identity and its rules: a chain of that
+// name in the kernel has exactly these rules, so an apply only writes
+// chains the kernel lacks.
 type Chain struct {
 	Table, Name string
 	Rules       []string
+	Fixed       bool // the name is not content-addressed
 }
 
 // Ruleset is the rendered desired state of one IP family.
@@ -61,7 +72,17 @@ type Ruleset struct {
 	Chains []*Chain // in a stable order
 	// Jumps are the rules weft adds to built-in chains: table -> chain -> rule.
 	Jumps []Jump
+	// HairpinAdded and HairpinRemoved are the changes of HairpinSet(Family)
+	// since the previous ruleset of the same Renderer (everything, for the
+	// first).
+	HairpinAdded, HairpinRemoved []string
+	hairpin                      map[string]int
 }
+
+// Hairpin returns every entry of HairpinSet(Family), sorted. It is computed
+// on demand (full applies, dry runs) and valid until the Renderer that made
+// rs renders again.
+func (rs *Ruleset) Hairpin() []string { return sortedKeysFunc(rs.hairpin, strings.Compare) }
 
 // Jump is a rule in a built-in chain that enters weft's chains.
 type Jump struct{ Table, Chain, Rule string }
@@ -79,10 +100,15 @@ func BaseJumps() []Jump {
 	}
 }
 
-// hashName builds a chain name from a prefix and the identity it serves.
+// hashName builds a chain name from a prefix and the identity and content
+// it stands for.
 func hashName(prefix string, parts ...string) string {
-	sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
-	return prefix + base32.StdEncoding.EncodeToString(sum[:])[:16]
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return prefix + base32.StdEncoding.EncodeToString(h.Sum(nil))[:16]
 }
 
 func familyOf(a netip.Addr) int {
@@ -101,65 +127,29 @@ func hostLen(a netip.Addr) string {
 
 func proto(p model.Protocol) string { return strings.ToLower(string(p)) }
 
-// renderer accumulates one family's chains.
-type renderer struct {
-	cfg     Config
-	family  int
-	chains  map[string]*Chain
-	order   []string
-	vips    map[netip.Prefix][]string // bucket -> dispatch rules
-	nports  map[uint16][]string       // nodeport bucket start -> dispatch rules
-	rejects []string                  // filter rules for ports without usable endpoints
-}
-
-func (r *renderer) chain(table, name string) *Chain {
-	key := table + "/" + name
-	if c, ok := r.chains[key]; ok {
-		return c
-	}
-	c := &Chain{Table: table, Name: name}
-	r.chains[key] = c
-	r.order = append(r.order, key)
-	return c
-}
-
-func (r *renderer) add(table, name string, format string, args ...any) {
-	c := r.chain(table, name)
-	c.Rules = append(c.Rules, fmt.Sprintf(format, args...))
-}
-
 // Render turns the model into the desired ruleset of one family. It is pure.
 func Render(cfg Config, st model.State, family int) *Ruleset {
-	r := &renderer{cfg: cfg, family: family, chains: map[string]*Chain{}, vips: map[netip.Prefix][]string{}, nports: map[uint16][]string{}}
-	r.base()
-	names := make([]model.ServicePortName, 0, len(st.Ports))
-	for n := range st.Ports {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, func(a, b model.ServicePortName) int { return strings.Compare(a.String(), b.String()) })
-	for _, n := range names {
-		r.servicePort(st.Ports[n], st.Endpoints[n])
-	}
-	r.dispatch()
-	rs := &Ruleset{Family: family, Jumps: BaseJumps()}
-	for _, k := range r.order {
-		rs.Chains = append(rs.Chains, r.chains[k])
-	}
-	return rs
+	return NewRenderer(cfg, family).Update(st)
 }
 
-// base renders the chains every node has.
-func (r *renderer) base() {
-	masq, drop := r.cfg.masqMark(), r.cfg.dropMark()
-	r.chain(TableNAT, chainServices)
-	r.chain(TableNAT, chainNodePorts)
-	r.add(TableNAT, chainMarkMasq, "-j MARK --or-mark %#x", masq)
-	r.add(TableNAT, chainMarkDrop, "-j MARK --or-mark %#x", drop)
-	r.add(TableNAT, chainPostrouting, "-m mark ! --mark %#x/%#x -j RETURN", masq, masq)
-	r.add(TableNAT, chainPostrouting, "-j MARK --xor-mark %#x", masq)
-	r.add(TableNAT, chainPostrouting, `-m comment --comment "weft service traffic requiring SNAT" -j MASQUERADE --random-fully`)
-	r.chain(TableFilter, chainFilterSvc)
-	r.add(TableFilter, chainFilterFwd, "-m conntrack --ctstate INVALID -j DROP")
-	r.add(TableFilter, chainFilterFwd, `-m mark --mark %#x/%#x -m comment --comment "weft service traffic" -j ACCEPT`, masq, masq)
-	r.add(TableFilter, chainFilterFwd, "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
+// baseChains are the fixed chains every node has.
+func baseChains(cfg Config, family int) []*Chain {
+	masq, drop := cfg.masqMark(), cfg.dropMark()
+	fixed := func(table, name string, rules ...string) *Chain {
+		return &Chain{Table: table, Name: name, Rules: rules, Fixed: true}
+	}
+	return []*Chain{
+		fixed(TableNAT, chainMarkMasq, fmt.Sprintf("-j MARK --or-mark %#x", masq)),
+		fixed(TableNAT, chainMarkDrop, fmt.Sprintf("-j MARK --or-mark %#x", drop)),
+		fixed(TableNAT, chainPostrouting,
+			fmt.Sprintf(`-m conntrack --ctstate DNAT -m set --match-set %s dst,dst,src -m comment --comment "hairpin" -j %s`,
+				HairpinSet(family), chainMarkMasq),
+			fmt.Sprintf("-m mark ! --mark %#x/%#x -j RETURN", masq, masq),
+			fmt.Sprintf("-j MARK --xor-mark %#x", masq),
+			`-m comment --comment "weft service traffic requiring SNAT" -j MASQUERADE --random-fully`),
+		fixed(TableFilter, chainFilterFwd,
+			"-m conntrack --ctstate INVALID -j DROP",
+			fmt.Sprintf(`-m mark --mark %#x/%#x -m comment --comment "weft service traffic" -j ACCEPT`, masq, masq),
+			"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"),
+	}
 }

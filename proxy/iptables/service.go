@@ -3,25 +3,70 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/weftnet/weft/proxy/model"
 )
 
-// servicePort renders one service port for the renderer's family.
+// portOut is what one service port renders for one family: the nat chains
+// it owns (leaves first) and its contributions to the shared dispatch
+// chains, the filter chain and the hairpin set.
+type portOut struct {
+	sp   *model.ServicePort
+	eps  []model.Endpoint
+	name string
+
+	chains  []*Chain
+	vips    map[netip.Prefix][]string // VIP bucket -> dispatch rules
+	nports  map[uint16][]string       // NodePort bucket start -> dispatch rules
+	rejects []string                  // filter rules while no endpoint is usable
+	hairpin []string                  // hairpin set entries
+}
+
+// portRenderer renders one service port.
+type portRenderer struct {
+	cfg    Config
+	family int
+	sp     *model.ServicePort
+	key    string
+	out    *portOut
+	seen   map[string]bool // chain names already in out.chains
+}
+
+// renderPort renders one service port for a family.
 //
 // Per port: ClusterIP dispatch rules in the VIP's bucket chain (a masquerade
 // mark for sources outside the cluster CIDR, then a jump to a load-balancing
 // chain); an EXT chain for NodePort, externalIPs and LoadBalancer IPs
 // (masquerade or, with externalTrafficPolicy Local, source-preserving local
-// endpoints); an FW chain for LoadBalancer source ranges; one SEP chain per
-// endpoint doing the DNAT. Ports without usable endpoints get REJECT (none
-// at all) or DROP (none usable here) rules in the filter table.
-func (r *renderer) servicePort(sp *model.ServicePort, all []model.Endpoint) {
+// endpoints); an FW chain for LoadBalancer source ranges. A load-balancing
+// chain DNATs straight to the endpoints (kube-proxy adds one chain and two
+// rules per endpoint; a hairpin set replaces its per-endpoint masquerade
+// rule), except with ClientIP affinity, which needs a chain per endpoint to
+// record the client. Ports without usable endpoints get REJECT (none at
+// all) or DROP (none usable here) rules in the filter table.
+func renderPort(cfg Config, family int, sp *model.ServicePort, all []model.Endpoint) *portOut {
+	o := &portOut{sp: sp, eps: all, name: sp.Name.String(), vips: map[netip.Prefix][]string{}, nports: map[uint16][]string{}}
+	p := &portRenderer{cfg: cfg, family: family, sp: sp, key: o.name, out: o, seen: map[string]bool{}}
+	p.render(all)
+	return o
+}
+
+// chain adds a content-addressed nat chain (once) and returns its name.
+func (p *portRenderer) chain(prefix string, rules []string, identity ...string) string {
+	c := addressed(TableNAT, prefix, rules, append([]string{p.key}, identity...)...)
+	if !p.seen[c.Name] {
+		p.seen[c.Name] = true
+		p.out.chains = append(p.out.chains, c)
+	}
+	return c.Name
+}
+
+func (p *portRenderer) render(all []model.Endpoint) {
+	sp := p.sp
 	var vips []netip.Addr
 	for _, ip := range sp.ClusterIPs {
-		if familyOf(ip) == r.family {
+		if familyOf(ip) == p.family {
 			vips = append(vips, ip)
 		}
 	}
@@ -30,35 +75,36 @@ func (r *renderer) servicePort(sp *model.ServicePort, all []model.Endpoint) {
 	}
 	var eps []model.Endpoint
 	for _, e := range all {
-		if familyOf(e.IP) == r.family {
+		if familyOf(e.IP) == p.family {
 			eps = append(eps, e)
 		}
 	}
-	key := sp.Name.String()
-	sel := model.Select(sp, eps, r.cfg.NodeName, r.cfg.Zone)
-	p := proto(sp.Protocol)
-	match := fmt.Sprintf("-p %s -m %s --dport %d", p, p, sp.Port)
-	comment := fmt.Sprintf(`-m comment --comment "%s"`, key)
+	sel := model.Select(sp, eps, p.cfg.NodeName, p.cfg.Zone)
+	pr := proto(sp.Protocol)
+	match := fmt.Sprintf("-p %s -m %s --dport %d", pr, pr, sp.Port)
+	comment := fmt.Sprintf(`-m comment --comment "%s"`, p.key)
+	o := p.out
 
 	for _, vip := range vips {
 		dst := fmt.Sprintf("-d %s %s %s", hostLen(vip), match, comment)
 		if len(sel.Internal) == 0 {
-			r.rejects = append(r.rejects, fmt.Sprintf("%s -j %s", dst, noEndpointVerdict(sel)))
+			o.rejects = append(o.rejects, fmt.Sprintf("%s -j %s", dst, noEndpointVerdict(sel)))
 			continue
 		}
-		lb := r.lb(sp, sel.Internal)
-		if m := r.internalMasq(); m != "" {
-			r.addVIP(vip, fmt.Sprintf("%s %s -j %s", dst, m, chainMarkMasq))
+		lb := p.lb(sel.Internal)
+		b := vipBucket(vip)
+		if m := p.internalMasq(); m != "" {
+			o.vips[b] = append(o.vips[b], fmt.Sprintf("%s %s -j %s", dst, m, chainMarkMasq))
 		}
-		r.addVIP(vip, fmt.Sprintf("%s -j %s", dst, lb))
+		o.vips[b] = append(o.vips[b], fmt.Sprintf("%s -j %s", dst, lb))
 	}
 	if !sp.HasExternal() {
 		return
 	}
 
-	ext := r.external(sp, eps, sel)
-	entries := r.externalEntries(sp)
-	nodePortMatch := fmt.Sprintf("-p %s -m %s --dport %d", p, p, sp.NodePort)
+	ext := p.external(eps, sel)
+	entries := p.externalEntries()
+	nodePortMatch := fmt.Sprintf("-p %s -m %s --dport %d", pr, pr, sp.NodePort)
 	entryMatch := func(e entry) string {
 		if e.nodePort {
 			return nodePortMatch
@@ -67,7 +113,7 @@ func (r *renderer) servicePort(sp *model.ServicePort, all []model.Endpoint) {
 	}
 	if len(sel.External) == 0 {
 		for _, e := range entries {
-			r.rejects = append(r.rejects, fmt.Sprintf("%s %s %s -j %s", e.filterMatch, entryMatch(e), comment, noEndpointVerdict(sel)))
+			o.rejects = append(o.rejects, fmt.Sprintf("%s %s %s -j %s", e.filterMatch, entryMatch(e), comment, noEndpointVerdict(sel)))
 		}
 	}
 	if ext == "" {
@@ -75,18 +121,24 @@ func (r *renderer) servicePort(sp *model.ServicePort, all []model.Endpoint) {
 	}
 	restricted := false // kube-proxy semantics: a family without ranges is open
 	for _, src := range sp.SourceRanges {
-		restricted = restricted || familyOf(src.Addr()) == r.family
+		restricted = restricted || familyOf(src.Addr()) == p.family
 	}
+	fw := ""
 	for _, e := range entries {
 		target := ext
 		if e.lb && restricted {
-			target = r.firewall(sp, ext)
+			if fw == "" {
+				fw = p.firewall(ext)
+			}
+			target = fw
 		}
 		rule := fmt.Sprintf("%s %s -j %s", entryMatch(e), comment, target)
 		if e.nodePort {
-			r.nports[bucketPort(sp.NodePort)] = append(r.nports[bucketPort(sp.NodePort)], rule)
+			s := bucketPort(sp.NodePort)
+			o.nports[s] = append(o.nports[s], rule)
 		} else {
-			r.addVIP(e.ip, fmt.Sprintf("-d %s %s", hostLen(e.ip), rule))
+			b := vipBucket(e.ip)
+			o.vips[b] = append(o.vips[b], fmt.Sprintf("-d %s %s", hostLen(e.ip), rule))
 		}
 	}
 }
@@ -99,13 +151,13 @@ func noEndpointVerdict(sel model.Selected) string {
 }
 
 // internalMasq is the source match whose ClusterIP traffic gets masqueraded.
-func (r *renderer) internalMasq() string {
-	if r.cfg.MasqueradeAll {
+func (p *portRenderer) internalMasq() string {
+	if p.cfg.MasqueradeAll {
 		return `-m comment --comment "masquerade all"`
 	}
 	var cidrs []netip.Prefix
-	for _, c := range r.cfg.ClusterCIDRs {
-		if familyOf(c.Addr()) == r.family {
+	for _, c := range p.cfg.ClusterCIDRs {
+		if familyOf(c.Addr()) == p.family {
 			cidrs = append(cidrs, c)
 		}
 	}
@@ -123,19 +175,19 @@ type entry struct {
 	filterMatch string // destination match usable in the filter table
 }
 
-func (r *renderer) externalEntries(sp *model.ServicePort) []entry {
+func (p *portRenderer) externalEntries() []entry {
 	var out []entry
-	for _, ip := range sp.ExternalIPs {
-		if familyOf(ip) == r.family {
+	for _, ip := range p.sp.ExternalIPs {
+		if familyOf(ip) == p.family {
 			out = append(out, entry{ip: ip, filterMatch: "-d " + hostLen(ip)})
 		}
 	}
-	for _, ip := range sp.LoadBalancerIPs {
-		if familyOf(ip) == r.family {
+	for _, ip := range p.sp.LoadBalancerIPs {
+		if familyOf(ip) == p.family {
 			out = append(out, entry{ip: ip, lb: true, filterMatch: "-d " + hostLen(ip)})
 		}
 	}
-	if sp.NodePort != 0 {
+	if p.sp.NodePort != 0 {
 		out = append(out, entry{nodePort: true, filterMatch: "-m addrtype --dst-type LOCAL"})
 	}
 	return out
@@ -143,107 +195,105 @@ func (r *renderer) externalEntries(sp *model.ServicePort) []entry {
 
 // external renders the EXT chain and returns its name ("" when no external
 // traffic can be served at all).
-func (r *renderer) external(sp *model.ServicePort, eps []model.Endpoint, sel model.Selected) string {
-	key := sp.Name.String()
-	name := hashName("WEFT-EXT-", key)
+func (p *portRenderer) external(eps []model.Endpoint, sel model.Selected) string {
+	sp := p.sp
 	if !sp.ExternalPolicyLocal {
 		if len(sel.External) == 0 {
 			return ""
 		}
-		r.add(TableNAT, name, "-j %s", chainMarkMasq)
-		r.add(TableNAT, name, "-j %s", r.lb(sp, sel.External))
-		return name
+		return p.chain("WEFT-EXT-", []string{"-j " + chainMarkMasq, "-j " + p.lb(sel.External)})
 	}
 	// Local policy: pods and the node itself may use any endpoint (kube-proxy
 	// semantics); everyone else only this node's, with the source preserved.
+	var rules []string
 	cl := *sp
 	cl.InternalPolicyLocal, cl.ExternalPolicyLocal = false, false
-	cluster := model.Select(&cl, eps, r.cfg.NodeName, r.cfg.Zone).Internal
-	if len(cluster) > 0 {
-		lb := r.lb(sp, cluster)
-		for _, c := range r.cfg.ClusterCIDRs {
-			if familyOf(c.Addr()) == r.family {
-				r.add(TableNAT, name, `-s %s -m comment --comment "pod traffic for external destinations" -j %s`, c, lb)
+	if cluster := model.Select(&cl, eps, p.cfg.NodeName, p.cfg.Zone).Internal; len(cluster) > 0 {
+		lb := p.lb(cluster)
+		for _, c := range p.cfg.ClusterCIDRs {
+			if familyOf(c.Addr()) == p.family {
+				rules = append(rules, fmt.Sprintf(`-s %s -m comment --comment "pod traffic for external destinations" -j %s`, c, lb))
 			}
 		}
-		r.add(TableNAT, name, `-m addrtype --src-type LOCAL -m comment --comment "masquerade local traffic" -j %s`, chainMarkMasq)
-		r.add(TableNAT, name, `-m addrtype --src-type LOCAL -m comment --comment "route local traffic" -j %s`, lb)
+		rules = append(rules,
+			fmt.Sprintf(`-m addrtype --src-type LOCAL -m comment --comment "masquerade local traffic" -j %s`, chainMarkMasq),
+			fmt.Sprintf(`-m addrtype --src-type LOCAL -m comment --comment "route local traffic" -j %s`, lb))
 	}
 	if len(sel.External) > 0 {
-		r.add(TableNAT, name, "-j %s", r.lb(sp, sel.External))
+		rules = append(rules, "-j "+p.lb(sel.External))
 	}
-	if len(r.chain(TableNAT, name).Rules) == 0 {
-		r.dropChain(name)
+	if len(rules) == 0 {
 		return ""
 	}
-	return name
-}
-
-// dropChain forgets a chain created but left empty.
-func (r *renderer) dropChain(name string) {
-	key := TableNAT + "/" + name
-	delete(r.chains, key)
-	r.order = slices.DeleteFunc(r.order, func(k string) bool { return k == key })
+	return p.chain("WEFT-EXT-", rules)
 }
 
 // firewall renders the LoadBalancer source-range chain in front of ext.
-func (r *renderer) firewall(sp *model.ServicePort, ext string) string {
-	name := hashName("WEFT-FW-", sp.Name.String())
-	if len(r.chain(TableNAT, name).Rules) > 0 {
-		return name
-	}
-	for _, src := range sp.SourceRanges {
-		if familyOf(src.Addr()) == r.family {
-			r.add(TableNAT, name, "-s %s -j %s", src, ext)
+func (p *portRenderer) firewall(ext string) string {
+	var rules []string
+	for _, src := range p.sp.SourceRanges {
+		if familyOf(src.Addr()) == p.family {
+			rules = append(rules, fmt.Sprintf("-s %s -j %s", src, ext))
 		}
 	}
-	r.add(TableNAT, name, `-m comment --comment "%s: source not in loadBalancerSourceRanges" -j %s`, sp.Name, chainMarkDrop)
-	return name
+	rules = append(rules, fmt.Sprintf(`-m comment --comment "%s: source not in loadBalancerSourceRanges" -j %s`, p.key, chainMarkDrop))
+	return p.chain("WEFT-FW-", rules)
 }
 
-// lb renders (once) the load-balancing chain over eps and returns its name.
-func (r *renderer) lb(sp *model.ServicePort, eps []model.Endpoint) string {
-	key := sp.Name.String()
-	ids := make([]string, len(eps))
+// lb renders the load-balancing chain over eps and returns its name.
+func (p *portRenderer) lb(eps []model.Endpoint) string {
+	sp := p.sp
+	pr := proto(sp.Protocol)
+	targets := make([]string, len(eps))
 	for i, e := range eps {
-		ids[i] = e.String()
-	}
-	name := hashName("WEFT-LB-", key, strings.Join(ids, ","))
-	if _, done := r.chains[TableNAT+"/"+name]; done {
-		return name
-	}
-	r.chain(TableNAT, name)
-	seps := make([]string, len(eps))
-	for i, e := range eps {
-		seps[i] = r.endpoint(sp, e)
-	}
-	if sp.AffinitySeconds > 0 {
-		for _, sep := range seps {
-			r.add(TableNAT, name, "-m recent --name %s --rcheck --seconds %d --reap --rsource -j %s", sep, sp.AffinitySeconds, sep)
+		dest := netip.AddrPortFrom(e.IP, e.Port)
+		p.hairpin(dest, pr)
+		if sp.AffinitySeconds > 0 {
+			targets[i] = "-j " + p.endpoint(e)
+		} else {
+			targets[i] = fmt.Sprintf("-p %s -j DNAT --to-destination %s", pr, dest)
 		}
 	}
-	for i, sep := range seps {
-		if left := len(seps) - i; left > 1 {
-			r.add(TableNAT, name, "-m statistic --mode random --probability %.10f -j %s", 1/float64(left), sep)
+	var rules []string
+	if sp.AffinitySeconds > 0 {
+		for _, t := range targets {
+			sep := strings.TrimPrefix(t, "-j ")
+			rules = append(rules, fmt.Sprintf("-m recent --name %s --rcheck --seconds %d --reap --rsource -j %s", sep, sp.AffinitySeconds, sep))
+		}
+	}
+	for i, t := range targets {
+		if left := len(targets) - i; left > 1 {
+			rules = append(rules, fmt.Sprintf("-m statistic --mode random --probability %.10f %s", 1/float64(left), t))
 			continue
 		}
-		r.add(TableNAT, name, "-j %s", sep)
+		rules = append(rules, t)
 	}
-	return name
+	return p.chain("WEFT-LB-", rules)
 }
 
-// endpoint renders (once) the DNAT chain of one endpoint.
-func (r *renderer) endpoint(sp *model.ServicePort, e model.Endpoint) string {
-	name := hashName("WEFT-SEP-", sp.Name.String(), e.String())
-	if _, done := r.chains[TableNAT+"/"+name]; done {
-		return name
+// hairpin records that a connection DNATed to dest from dest's own address
+// must be masqueraded.
+func (p *portRenderer) hairpin(dest netip.AddrPort, pr string) {
+	e := fmt.Sprintf("%s,%s:%d,%s", dest.Addr(), pr, dest.Port(), dest.Addr())
+	for _, have := range p.out.hairpin {
+		if have == e {
+			return
+		}
 	}
-	p := proto(sp.Protocol)
-	r.add(TableNAT, name, `-s %s -m comment --comment "hairpin" -j %s`, hostLen(e.IP), chainMarkMasq)
-	affinity := ""
-	if sp.AffinitySeconds > 0 {
-		affinity = fmt.Sprintf(" -m recent --name %s --set --rsource", name)
+	p.out.hairpin = append(p.out.hairpin, e)
+}
+
+// endpoint renders the DNAT chain of one endpoint of a ClientIP-affinity
+// port: it records the client (the recent list is named after the chain)
+// and DNATs.
+func (p *portRenderer) endpoint(e model.Endpoint) string {
+	pr := proto(p.sp.Protocol)
+	dest := netip.AddrPortFrom(e.IP, e.Port).String()
+	name := hashName("WEFT-SEP-", p.key, pr, dest)
+	if !p.seen[name] {
+		p.seen[name] = true
+		p.out.chains = append(p.out.chains, &Chain{Table: TableNAT, Name: name,
+			Rules: []string{fmt.Sprintf("-p %s -m recent --name %s --set --rsource -j DNAT --to-destination %s", pr, name, dest)}})
 	}
-	r.add(TableNAT, name, "-p %s -m %s%s -j DNAT --to-destination %s", p, p, affinity, netip.AddrPortFrom(e.IP, e.Port))
 	return name
 }

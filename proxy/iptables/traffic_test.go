@@ -14,6 +14,7 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/proxy/iptables"
+	"github.com/weftnet/weft/proxy/model"
 )
 
 // TestServiceTraffic programs Services through the iptables backend and
@@ -162,12 +163,53 @@ func TestPartialSyncAndRestart(t *testing.T) {
 	talk("hello")
 	restarted := iptables.New(nodeConfig(), []int{4, 6}, iptables.Exec{})
 	n.backend = restarted
-	if st := n.sync(); !st.Full {
-		t.Fatalf("a new backend's first sync is not full: %+v", st)
+	// The chains in the kernel are recognised by name: a restart rewrites
+	// at most the seven fixed-name chains and deletes nothing.
+	if st := n.sync(); !st.Full || st.Chains > 7 || st.Deleted > 0 {
+		t.Fatalf("a new backend's first sync: %+v, want a full sync of the fixed chains only", st)
 	}
 	talk("after restart")
 	if r, err := get(a.ns, "", "http://10.96.1.4/"); err != nil {
 		t.Fatalf("service after restart: %+v %v", r, err)
+	}
+}
+
+// TestChunkedSync: a sync larger than one restore's bound is split, leaves
+// first, and gives the same working services; shrinking it back deletes
+// the chains no longer used.
+func TestChunkedSync(t *testing.T) {
+	n := newNode(t, "a", "b")
+	n.backend.SetChunkRules(3)
+	for i := range 12 {
+		ip := fmt.Sprintf("10.96.%d.%d", i%3, i+1)
+		n.svcs = append(n.svcs, service(fmt.Sprintf("s%d", i), ip, nil))
+		n.slices = append(n.slices, slice(fmt.Sprintf("s%d", i), n.local("a"), n.local("b")))
+	}
+	if st := n.sync(); st.Restores < 5 {
+		t.Fatalf("first sync of %d rules in %d restores, want it split", st.Rules, st.Restores)
+	}
+	for i := range 12 {
+		url := fmt.Sprintf("http://10.96.%d.%d/", i%3, i+1)
+		if r, err := get(n.pods["a"].ns, "", url); err != nil || (r.Pod != "a" && r.Pod != "b") {
+			t.Fatalf("%s: %+v %v", url, r, err)
+		}
+	}
+	n.svcs, n.slices = n.svcs[:1], n.slices[:1]
+	st := n.sync()
+	if st.Deleted == 0 {
+		t.Fatalf("shrinking deleted nothing: %+v", st)
+	}
+	out, err := exec.Command("iptables-save", "-t", "nat").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, _ := model.Build(n.svcs, n.slices)
+	want := strings.Count(iptables.Payload(iptables.Render(nodeConfig(), ms, 4)), ":WEFT-LB-")
+	if lb := strings.Count(string(out), ":WEFT-LB-"); lb != want {
+		t.Fatalf("%d load-balancing chains left, the remaining service has %d:\n%s", lb, want, out)
+	}
+	if r, err := get(n.pods["b"].ns, "", "http://10.96.0.1/"); err != nil {
+		t.Fatalf("remaining service: %+v %v", r, err)
 	}
 }
 

@@ -44,6 +44,8 @@ type packet struct {
 type evalCtx struct {
 	pkt  *packet
 	flow *Flow
+	sets map[string]*Set // defined in the parsed text
+	dnat bool            // the flow has been DNATed (conntrack state DNAT)
 }
 
 // isLocal tells whether a is an address of the node (addrtype LOCAL).
@@ -206,8 +208,9 @@ type ctMatch struct {
 	neg    bool
 }
 
-func (m ctMatch) eval(*evalCtx) (result, error) {
-	return boolRes(slices.Contains(m.states, "NEW")).not(m.neg), nil
+func (m ctMatch) eval(c *evalCtx) (result, error) {
+	in := slices.Contains(m.states, "NEW") || (c.dnat && slices.Contains(m.states, "DNAT"))
+	return boolRes(in).not(m.neg), nil
 }
 
 // statMatch is -m statistic: probabilities strictly between 0 and 1 may go
@@ -238,21 +241,29 @@ func (m recentMatch) eval(*evalCtx) (result, error) {
 	return boolRes(m.mode == "set").not(m.neg), nil
 }
 
-// setMatch is -m set --match-set NAME src|dst, evaluated against the
-// prefixes the caller put in Flow.Sets.
+// setMatch is -m set --match-set NAME DIRS. A set defined in the parsed
+// text (ipset save lines) is looked up with the packet fields DIRS name; a
+// one-dimensional set may instead be given as prefixes in Flow.Sets.
 type setMatch struct {
 	name string
-	dst  bool
+	dirs []string // "src" or "dst" per dimension
 	neg  bool
 }
 
 func (m setMatch) eval(c *evalCtx) (result, error) {
+	if set, ok := c.sets[m.name]; ok {
+		in, err := set.has(c.pkt, m.dirs)
+		return boolRes(in).not(m.neg), err
+	}
 	pfxs, ok := c.flow.Sets[m.name]
 	if !ok {
-		return no, fmt.Errorf("ipset %q is not provided in Flow.Sets", m.name)
+		return no, fmt.Errorf("ipset %q is neither defined in the ruleset nor provided in Flow.Sets", m.name)
+	}
+	if len(m.dirs) != 1 {
+		return no, fmt.Errorf("ipset %q from Flow.Sets has one dimension, the rule uses %d", m.name, len(m.dirs))
 	}
 	a := c.pkt.src
-	if m.dst {
+	if m.dirs[0] == "dst" {
 		a = c.pkt.dst
 	}
 	in := slices.ContainsFunc(pfxs, func(p netip.Prefix) bool { return p.Contains(a) })

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // The match modules whose meaning depends on connection or node state:
@@ -25,7 +26,7 @@ func (m *ctModule) option(p *ruleParser, opt string, neg bool) (bool, error) {
 		return true, err
 	}
 	for _, s := range states {
-		if !slices.Contains([]string{"NEW", "ESTABLISHED", "RELATED", "INVALID", "UNTRACKED"}, s) {
+		if !slices.Contains([]string{"NEW", "ESTABLISHED", "RELATED", "INVALID", "UNTRACKED", "DNAT"}, s) {
 			return true, fmt.Errorf("%s: unsupported state %q", opt, s)
 		}
 	}
@@ -153,11 +154,14 @@ func (m *setModule) option(p *ruleParser, opt string, neg bool) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	if dir != "src" && dir != "dst" {
-		return true, fmt.Errorf("--match-set %s: only src or dst is supported, not %q", name, dir)
+	dirs := strings.Split(dir, ",")
+	for _, d := range dirs {
+		if d != "src" && d != "dst" {
+			return true, fmt.Errorf("--match-set %s: direction %q is neither src nor dst", name, d)
+		}
 	}
 	m.n++
-	p.add(setMatch{name: name, dst: dir == "dst", neg: neg})
+	p.add(setMatch{name: name, dirs: dirs, neg: neg})
 	return true, nil
 }
 

@@ -13,6 +13,9 @@ type Ruleset struct {
 	// Ignored counts the rules of tables whose content is not interpreted
 	// (mangle, raw, security, ...), by table name.
 	Ignored map[string]int
+	// Sets are the ipsets defined in the text by ipset save lines
+	// ("create NAME TYPE ...", "add NAME MEMBER"), outside the tables.
+	Sets map[string]*Set
 	// dups records repeated chain declarations, reported by Check.
 	dups []error
 }
@@ -84,7 +87,7 @@ func (t *Table) chain(name string, line int) *Chain {
 // Trace never silently mis-evaluates. The content of tables other than nat
 // and filter is only tokenized and counted.
 func Parse(text string) (*Ruleset, error) {
-	rs := &Ruleset{Tables: map[string]*Table{}, Ignored: map[string]int{}}
+	rs := &Ruleset{Tables: map[string]*Table{}, Ignored: map[string]int{}, Sets: map[string]*Set{}}
 	var cur *Table // the open interpreted table
 	open := ""     // the open table's name, "" between tables
 	seen := map[string]bool{}
@@ -123,6 +126,10 @@ func Parse(text string) (*Ruleset, error) {
 				return nil, fail("COMMIT outside a table")
 			}
 			open, cur = "", nil
+		case open == "" && (strings.HasPrefix(line, "create ") || strings.HasPrefix(line, "add ")):
+			if err := rs.setLine(line); err != nil {
+				return nil, fail("%v", err)
+			}
 		case open == "":
 			return nil, fail("line outside a table (missing *table line)")
 		case line[0] == ':':

@@ -27,7 +27,7 @@ func TestParseErrors(t *testing.T) {
 		{`-A X -m statistic --mode random -j ACCEPT`, `needs --mode random --probability`},
 		{`-A X -m statistic --mode random --probability 1.5 -j ACCEPT`, `bad value`},
 		{`-A X -m recent --name a --seconds 5 --reap -j ACCEPT`, `needs one of --set`},
-		{`-A X -m set --match-set S src,dst -j ACCEPT`, `only src or dst`},
+		{`-A X -m set --match-set S src,via -j ACCEPT`, `neither src nor dst`},
 		{`-A X -m mark --mark 0xZZ -j ACCEPT`, `bad number`},
 		{`-A X -m comment ! --comment x -j ACCEPT`, `cannot be negated`},
 		{`-A X -s 10.0.0.1 ! -j ACCEPT`, `cannot be negated`},

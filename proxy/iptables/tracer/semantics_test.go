@@ -213,3 +213,41 @@ COMMIT
 		}
 	}
 }
+
+// TestHairpinSet: a set defined in the text, looked up by three packet
+// fields, and the conntrack DNAT state, the way weft masquerades hairpin
+// connections.
+func TestHairpinSet(t *testing.T) {
+	const rules = `create H hash:ip,port,ip family inet
+add H 10.0.0.1,tcp:8080,10.0.0.1
+*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+-A PREROUTING -d 10.96.0.1/32 -p tcp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.0.0.1:8080
+-A PREROUTING -d 10.96.0.1/32 -p tcp -j DNAT --to-destination 10.0.0.2:8080
+-A POSTROUTING -m conntrack --ctstate DNAT -m set --match-set H dst,dst,src -j MASQUERADE
+COMMIT
+`
+	for _, tc := range []struct {
+		src, dst string
+		want     []string
+	}{
+		{"10.0.0.1", "10.96.0.1", []string{"10.0.0.1:8080 masq=true", "10.0.0.2:8080 masq=false"}},
+		{"10.0.0.2", "10.96.0.1", []string{"10.0.0.1:8080 masq=false", "10.0.0.2:8080 masq=false"}},
+		{"10.0.0.1", "10.0.0.1", []string{"none masq=false"}}, // same tuple, not DNATed
+	} {
+		var got []string
+		for _, o := range trace(t, rules, fl(tc.src, tc.dst, 8080, "tcp")) {
+			d := "none"
+			if o.DNAT.IsValid() {
+				d = o.DNAT.String()
+			}
+			got = append(got, fmt.Sprintf("%s masq=%t", d, o.Masquerade))
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s -> %s: got %q, want %q", tc.src, tc.dst, got, tc.want)
+		}
+	}
+}

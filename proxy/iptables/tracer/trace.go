@@ -192,7 +192,7 @@ func (t *tracer) run(b branch, work *[]branch) error {
 		}
 		rule := fr.chain.Rules[fr.next]
 		fr.next++
-		res, err := evalRule(rule, &evalCtx{pkt: &st.pkt, flow: t.flow})
+		res, err := evalRule(rule, &evalCtx{pkt: &st.pkt, flow: t.flow, sets: t.rs.Sets, dnat: st.out.DNAT.IsValid()})
 		switch {
 		case err != nil:
 			return err
