@@ -35,6 +35,7 @@ type agentFlags struct {
 	mtu                                                       int
 	resync                                                    time.Duration
 	cleanup                                                   bool
+	networkPolicy, policyLogDrops                             bool
 }
 
 func main() {
@@ -50,6 +51,8 @@ func main() {
 	flag.DurationVar(&f.resync, "resync", 30*time.Second, "full resync period (repairs drift)")
 	flag.StringVar(&f.healthz, "healthz-addr", ":9876", "address for /healthz and /metrics")
 	flag.BoolVar(&f.cleanup, "cleanup", false, "remove everything weft-agent installed on this node and exit")
+	flag.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicies for this node's pods (iptables + ipset)")
+	flag.BoolVar(&f.policyLogDrops, "policy-log-drops", false, "log packets dropped by NetworkPolicy (rate-limited kernel log)")
 	var px proxyFlags
 	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, or none to leave Services to another proxy")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
@@ -113,8 +116,12 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 			return err
 		}
 	}
+	var pc *agent.PolicyController
+	if f.networkPolicy || f.cleanup {
+		pc = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, LogDrops: f.policyLogDrops, Resync: f.resync, Log: log.With("component", "policy")})
+	}
 	if f.cleanup {
-		errs := []error{a.Cleanup()}
+		errs := []error{a.Cleanup(), pc.Cleanup()}
 		if p != nil {
 			errs = append(errs, p.Cleanup())
 		}
@@ -128,10 +135,21 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if p != nil {
 		extra = append(extra, p.Metrics().Registry)
 	}
+	if f.networkPolicy {
+		extra = append(extra, pc.Registry())
+	}
 	go func() { _ = http.Serve(ln, a.Handler(extra...)) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log.Info("weft-agent starting", "node", node, "routing", mode, "proxy", px.mode, "version", buildinfo.Version)
+	log.Info("weft-agent starting", "node", node, "routing", mode, "proxy", px.mode, "networkPolicy", f.networkPolicy, "version", buildinfo.Version)
+	if f.networkPolicy {
+		go pc.Run(ctx)
+		go func() {
+			if err := kube.WatchPolicies(ctx, client, pc); err != nil {
+				log.Error("watching network policies", "err", err)
+			}
+		}()
+	}
 	if p != nil {
 		go p.Run(ctx)
 		go func() {

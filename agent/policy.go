@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weftnet/weft/policy"
+	polipt "github.com/weftnet/weft/policy/iptables"
+)
+
+// PolicyOptions configure NetworkPolicy enforcement on one node.
+type PolicyOptions struct {
+	NodeName string
+	LogDrops bool
+	// MinSyncPeriod coalesces bursts of changes (default 100 ms).
+	MinSyncPeriod time.Duration
+	// Resync re-applies everything periodically, repairing drift (default 30 s).
+	Resync time.Duration
+	Log    *slog.Logger
+}
+
+// PolicyController enforces NetworkPolicies for the pods of its node: it
+// keeps the Pods, Namespaces and NetworkPolicies it is fed (it is a
+// kube.PolicyHandler), compiles them (policy.Compile), renders the node's
+// part (policy/iptables) and applies it, after every burst of changes.
+type PolicyController struct {
+	opts    PolicyOptions
+	applier polipt.Applier
+	metrics *policyMetrics
+	trigger chan struct{}
+	synced  chan struct{}
+	once    sync.Once
+
+	mu       sync.Mutex
+	pods     map[string]*corev1.Pod
+	nss      map[string]*corev1.Namespace
+	pols     map[string]*networkingv1.NetworkPolicy
+	rejected map[string]string // policy key -> last logged problems
+}
+
+// NewPolicyController returns a controller; feed it with kube.WatchPolicies
+// and start Run.
+func NewPolicyController(o PolicyOptions) *PolicyController {
+	if o.MinSyncPeriod == 0 {
+		o.MinSyncPeriod = 100 * time.Millisecond
+	}
+	if o.Resync == 0 {
+		o.Resync = 30 * time.Second
+	}
+	c := &PolicyController{opts: o, trigger: make(chan struct{}, 1), synced: make(chan struct{}),
+		pods: map[string]*corev1.Pod{}, nss: map[string]*corev1.Namespace{}, pols: map[string]*networkingv1.NetworkPolicy{},
+		rejected: map[string]string{}}
+	c.metrics = newPolicyMetrics(&c.applier)
+	return c
+}
+
+// Registry holds the policy metrics.
+func (c *PolicyController) Registry() *prometheus.Registry { return c.metrics.registry }
+
+// OnPolicyPod implements kube.PolicyHandler.
+func (c *PolicyController) OnPolicyPod(old, new *corev1.Pod) {
+	c.mu.Lock()
+	if new != nil {
+		c.pods[new.Namespace+"/"+new.Name] = new
+	} else if old != nil {
+		delete(c.pods, old.Namespace+"/"+old.Name)
+	}
+	c.mu.Unlock()
+	c.poke()
+}
+
+// OnNamespace implements kube.PolicyHandler.
+func (c *PolicyController) OnNamespace(old, new *corev1.Namespace) {
+	c.mu.Lock()
+	if new != nil {
+		c.nss[new.Name] = new
+	} else if old != nil {
+		delete(c.nss, old.Name)
+	}
+	c.mu.Unlock()
+	c.poke()
+}
+
+// OnNetworkPolicy implements kube.PolicyHandler.
+func (c *PolicyController) OnNetworkPolicy(old, new *networkingv1.NetworkPolicy) {
+	c.mu.Lock()
+	if new != nil {
+		c.pols[new.Namespace+"/"+new.Name] = new
+	} else if old != nil {
+		delete(c.pols, old.Namespace+"/"+old.Name)
+	}
+	c.mu.Unlock()
+	c.poke()
+}
+
+// OnPolicySynced implements kube.PolicyHandler.
+func (c *PolicyController) OnPolicySynced() {
+	c.once.Do(func() { close(c.synced) })
+	c.poke()
+}
+
+func (c *PolicyController) poke() {
+	select {
+	case c.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Run syncs after the initial state arrived, on every change (at most once
+// per MinSyncPeriod) and every Resync, until ctx ends.
+func (c *PolicyController) Run(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-c.synced:
+	}
+	tick := time.NewTicker(c.opts.Resync)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.trigger:
+		case <-tick.C:
+		}
+		start := time.Now()
+		err := c.sync()
+		c.metrics.observe(time.Since(start), err)
+		if err != nil {
+			c.opts.Log.Error("network policy sync failed", "node", c.opts.NodeName, "err", err)
+			c.poke() // retry after the min period
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(c.opts.MinSyncPeriod):
+		}
+	}
+}
+
+func (c *PolicyController) input() policy.Input {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in := policy.Input{}
+	for _, p := range c.pods {
+		in.Pods = append(in.Pods, p)
+	}
+	for _, n := range c.nss {
+		in.Namespaces = append(in.Namespaces, n)
+	}
+	for _, p := range c.pols {
+		in.Policies = append(in.Policies, p)
+	}
+	return in
+}
+
+func (c *PolicyController) sync() error {
+	d := policy.Compile(c.input())
+	c.logRejected(d.Errors)
+	rs := polipt.Render(d, polipt.Config{NodeName: c.opts.NodeName, LogDrops: c.opts.LogDrops})
+	st, err := c.applier.Apply(rs)
+	if err != nil {
+		return err
+	}
+	local := 0
+	for _, p := range d.Pods {
+		if p.Node == c.opts.NodeName {
+			local++
+		}
+	}
+	c.metrics.isolated.Set(float64(local))
+	c.metrics.sets.Set(float64(len(rs.Sets)))
+	c.metrics.rejected.Set(float64(countPolicies(d.Errors)))
+	if st.Sets+st.Chains+st.DeletedChains+st.DeletedSets > 0 {
+		c.opts.Log.Info("network policy applied", "node", c.opts.NodeName, "isolatedPods", local,
+			"setsWritten", st.Sets, "chainsWritten", st.Chains, "chainsDeleted", st.DeletedChains, "setsDeleted", st.DeletedSets)
+	}
+	return nil
+}
+
+// logRejected logs each rejected policy once per distinct problem.
+func (c *PolicyController) logRejected(errs []*policy.FieldError) {
+	now := map[string]string{}
+	for _, e := range errs {
+		now[e.Policy] += e.Field + ": " + e.Err.Error() + "; "
+	}
+	for _, e := range errs {
+		if c.rejected[e.Policy] != now[e.Policy] {
+			c.opts.Log.Error("rejected network policy: its pods stay isolated", "policy", e.Policy, "field", e.Field, "err", e.Err)
+		}
+	}
+	c.rejected = now
+}
+
+func countPolicies(errs []*policy.FieldError) int {
+	seen := map[string]bool{}
+	for _, e := range errs {
+		seen[e.Policy] = true
+	}
+	return len(seen)
+}
+
+// Cleanup removes the policy chains, jumps and sets from the node.
+func (c *PolicyController) Cleanup() error { return c.applier.Cleanup() }

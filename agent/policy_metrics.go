@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	polipt "github.com/weftnet/weft/policy/iptables"
+)
+
+type policyMetrics struct {
+	registry *prometheus.Registry
+	syncs    *prometheus.CounterVec
+	duration prometheus.Histogram
+	isolated prometheus.Gauge
+	sets     prometheus.Gauge
+	rejected prometheus.Gauge
+}
+
+func newPolicyMetrics(a *polipt.Applier) *policyMetrics {
+	m := &policyMetrics{
+		registry: prometheus.NewRegistry(),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_policy_syncs_total", Help: "NetworkPolicy syncs by result.",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "weft_policy_sync_duration_seconds", Help: "Duration of a NetworkPolicy sync (compile, render, apply).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_isolated_pods", Help: "Pods of this node isolated by some NetworkPolicy."}),
+		sets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_ipsets", Help: "ipsets the node's policy rules use."}),
+		rejected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_rejected_policies", Help: "NetworkPolicies rejected as invalid (their pods fail closed)."}),
+	}
+	m.registry.MustRegister(m.syncs, m.duration, m.isolated, m.sets, m.rejected)
+	for _, dir := range []string{"ingress", "egress"} {
+		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "weft_policy_dropped_packets_total", Help: "Packets dropped by NetworkPolicy on this node.",
+			ConstLabels: prometheus.Labels{"direction": dir},
+		}, func() float64 {
+			in, out, err := a.Drops()
+			if err != nil {
+				return 0
+			}
+			if dir == "ingress" {
+				return float64(in)
+			}
+			return float64(out)
+		}))
+	}
+	return m
+}
+
+func (m *policyMetrics) observe(d time.Duration, err error) {
+	m.duration.Observe(d.Seconds())
+	if err != nil {
+		m.syncs.WithLabelValues("error").Inc()
+		return
+	}
+	m.syncs.WithLabelValues("ok").Inc()
+}

@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/lab/kubelet"
+	nt "github.com/weftnet/weft/policy/netpoltest"
+	"github.com/weftnet/weft/policy/oracle"
+)
+
+// netpolBed is the upstream netpol bed (x/y/z × a/b/c) running on a lab.
+type netpolBed struct {
+	c       *cluster
+	world   *nt.World // with the lab's pod addresses
+	targets map[string]nt.Target
+}
+
+// newNetpolBed creates the bed's namespaces and pods, spreading each
+// namespace's pods over the nodes so that both same-node (bridged) and
+// cross-node (routed) pairs are probed.
+func newNetpolBed(t *testing.T, c *cluster, nodes int) *netpolBed {
+	t.Helper()
+	ctx := context.Background()
+	b := &netpolBed{c: c, world: nt.NewWorld(), targets: map[string]nt.Target{}}
+	for _, n := range b.world.Namespaces {
+		if _, err := c.client.CoreV1().Namespaces().Create(ctx, n.DeepCopy(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range b.world.Pods {
+		p.Spec.NodeName = fmt.Sprintf("node%d", 1+i%nodes)
+		if _, err := c.client.CoreV1().Pods(p.Namespace).Create(ctx, p.DeepCopy(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range b.world.Pods {
+		running := waitRunning(t, c, p.Namespace, p.Name)
+		b.world.Pods[i] = running
+		b.targets[p.Namespace+"/"+p.Name] = nt.Target{
+			NSPath: netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, running.Spec.NodeName, running.UID),
+			IP:     running.Status.PodIP,
+		}
+	}
+	return b
+}
+
+// reconcile makes the cluster's labels and policies those of w and pols.
+func (b *netpolBed) reconcile(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolicy) {
+	t.Helper()
+	ctx := context.Background()
+	cs := b.c.client
+	for _, want := range w.Namespaces {
+		cur, err := cs.CoreV1().Namespaces().Get(ctx, want.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(cur.Labels, want.Labels) {
+			cur.Labels = want.Labels
+			if _, err := cs.CoreV1().Namespaces().Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, want := range w.Pods {
+		cur, err := cs.CoreV1().Pods(want.Namespace).Get(ctx, want.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(cur.Labels, want.Labels) {
+			cur.Labels = want.Labels
+			if _, err := cs.CoreV1().Pods(want.Namespace).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	wanted := map[string]*networkingv1.NetworkPolicy{}
+	for _, p := range pols {
+		wanted[p.Namespace+"/"+p.Name] = p
+	}
+	for _, ns := range nt.NamespaceNames {
+		list, err := cs.NetworkingV1().NetworkPolicies(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cur := range list.Items {
+			if _, ok := wanted[ns+"/"+cur.Name]; !ok {
+				if err := cs.NetworkingV1().NetworkPolicies(ns).Delete(ctx, cur.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	for _, p := range pols {
+		api := cs.NetworkingV1().NetworkPolicies(p.Namespace)
+		cur, err := api.Get(ctx, p.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			_, err = api.Create(ctx, p.DeepCopy(), metav1.CreateOptions{})
+		case err == nil:
+			cur.Spec = *p.Spec.DeepCopy()
+			_, err = api.Update(ctx, cur, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			t.Fatalf("policy %s/%s: %v", p.Namespace, p.Name, err)
+		}
+	}
+}
+
+// expect waits until the measured grid equals the oracle's for w and pols.
+func (b *netpolBed) expect(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolicy, what string) bool {
+	t.Helper()
+	want := oracle.Expect(oracle.World{Namespaces: w.Namespaces, Policies: pols}, w.Pods, nt.Ports, nt.Protocols)
+	got, err := nt.WaitMatch(time.Now().Add(20*time.Second), b.targets, want)
+	if err != nil {
+		t.Errorf("%s: %v\n%s", what, err, oracle.SideBySide(want, got))
+		return false
+	}
+	return true
+}
