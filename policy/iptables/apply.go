@@ -18,6 +18,7 @@ type Runner interface {
 	IPSetNames() ([]string, error)
 	IPTablesRestore(payload []byte) error
 	IPTablesSave() ([]byte, error) // the filter table, with counters
+	EnsureBridgeNetfilter() error
 }
 
 // Exec runs ipset, iptables-restore and iptables-save.
@@ -84,7 +85,7 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 	if a.Runner == nil {
 		a.Runner = Exec{}
 	}
-	if err := ensureBridgeNetfilter(); err != nil {
+	if err := a.Runner.EnsureBridgeNetfilter(); err != nil {
 		return st, err
 	}
 	if !a.applied {
@@ -301,7 +302,9 @@ func parseSave(b []byte) saved {
 	return s
 }
 
-func ensureBridgeNetfilter() error {
+// EnsureBridgeNetfilter sets BridgeNetfilter to 1; it fails when bridge
+// netfilter is missing (same-node traffic would escape the policies).
+func (Exec) EnsureBridgeNetfilter() error {
 	cur, err := os.ReadFile(BridgeNetfilter)
 	if err != nil {
 		return fmt.Errorf("bridge netfilter unavailable (same-node pod traffic could not be filtered): %w", err)

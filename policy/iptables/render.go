@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 
@@ -71,7 +72,7 @@ func Jumps() []Jump {
 // Render computes the node's ruleset.
 func Render(d policy.Desired, cfg Config) *Ruleset {
 	rs := &Ruleset{Jumps: Jumps()}
-	usedSets := map[string]bool{}
+	usedSets := map[string]policy.AddrSet{}
 	var ingress, egress []string
 	var podChains []Chain
 	for _, p := range d.Pods {
@@ -106,7 +107,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		rs.Sets = append(rs.Sets, renderSet(SetName(id), d.Sets[id]))
+		rs.Sets = append(rs.Sets, renderSet(SetName(id), usedSets[id]))
 	}
 	sort.Slice(rs.Sets, func(i, j int) bool { return rs.Sets[i].Name < rs.Sets[j].Name })
 	rs.Chains = append(rs.Chains,
@@ -130,27 +131,83 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 	return rs
 }
 
-// podRules renders allow rules: one RETURN per (peer set, port range).
-func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, used map[string]bool) []string {
-	var out []string
+// podRules renders allow rules. Rules with the same ports are grouped so
+// that a pod's chain grows with the distinct port lists of its policies, not
+// with their number: the pod-address sets of a group are matched through
+// one set (their union, shared by every pod with the same combination),
+// ipBlocks each through their own set.
+func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, used map[string]policy.AddrSet) []string {
+	type group struct {
+		ports    []policy.PortRange
+		all      bool
+		policies []string
+		addrIDs  []string
+		netIDs   []string
+	}
+	var order []string
+	groups := map[string]*group{}
 	for _, r := range rules {
-		comment := fmt.Sprintf("-m comment --comment %q", r.Policy)
-		peers := []string{""}
-		if !r.AllPeers {
-			peers = peers[:0]
-			for _, id := range r.Peers {
-				s := sets[id]
-				if s.Kind == policy.SetAddrs && len(v4(s.Addrs)) == 0 {
-					continue // matches nothing
+		sig := fmt.Sprint(r.Ports)
+		g, ok := groups[sig]
+		if !ok {
+			g = &group{ports: r.Ports}
+			groups[sig] = g
+			order = append(order, sig)
+		}
+		if !slices.Contains(g.policies, r.Policy) {
+			g.policies = append(g.policies, r.Policy)
+		}
+		if r.AllPeers {
+			g.all = true
+			continue
+		}
+		for _, id := range r.Peers {
+			s := sets[id]
+			switch {
+			case s.Kind == policy.SetNets:
+				if !slices.Contains(g.netIDs, id) {
+					g.netIDs = append(g.netIDs, id)
 				}
-				used[id] = true
+			case len(v4(s.Addrs)) > 0 && !slices.Contains(g.addrIDs, id):
+				g.addrIDs = append(g.addrIDs, id)
+			}
+		}
+	}
+	var out []string
+	for _, sig := range order {
+		g := groups[sig]
+		comment := fmt.Sprintf("-m comment --comment %q", strings.Join(g.policies, ","))
+		if len(comment) > 240 {
+			comment = fmt.Sprintf("-m comment --comment %q", fmt.Sprintf("%s and %d more policies", g.policies[0], len(g.policies)-1))
+		}
+		var peers []string
+		if g.all {
+			peers = []string{""}
+		} else {
+			if len(g.addrIDs) > 0 {
+				id := g.addrIDs[0]
+				if len(g.addrIDs) > 1 {
+					slices.Sort(g.addrIDs)
+					id = "union:" + strings.Join(g.addrIDs, "|")
+					var all []netip.Addr
+					for _, m := range g.addrIDs {
+						all = append(all, sets[m].Addrs...)
+					}
+					used[id] = policy.AddrSet{Kind: policy.SetAddrs, Addrs: uniq(all)}
+				} else {
+					used[id] = sets[id]
+				}
+				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", SetName(id), dir))
+			}
+			for _, id := range g.netIDs {
+				used[id] = sets[id]
 				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", SetName(id), dir))
 			}
 		}
 		ports := []string{""}
-		if len(r.Ports) > 0 {
+		if len(g.ports) > 0 {
 			ports = ports[:0]
-			for _, p := range r.Ports {
+			for _, p := range g.ports {
 				ports = append(ports, portMatch(p))
 			}
 		}
@@ -161,6 +218,11 @@ func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, u
 		}
 	}
 	return out
+}
+
+func uniq(a []netip.Addr) []netip.Addr {
+	slices.SortFunc(a, func(x, y netip.Addr) int { return x.Compare(y) })
+	return slices.Compact(a)
 }
 
 func portMatch(p policy.PortRange) string {

@@ -1,0 +1,126 @@
+package iptables_test
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	polipt "github.com/weftnet/weft/policy/iptables"
+	nt "github.com/weftnet/weft/policy/netpoltest"
+)
+
+// recorder keeps the calls in order and fakes just enough kernel state.
+type recorder struct {
+	calls  []string
+	sets   map[string]bool
+	chains map[string]bool
+}
+
+func (r *recorder) IPSetRestore(p []byte) error {
+	r.calls = append(r.calls, "ipset:\n"+string(p))
+	for _, l := range strings.Split(string(p), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) > 1 && f[0] == "create":
+			r.sets[f[1]] = true
+		case len(f) > 1 && f[0] == "destroy":
+			delete(r.sets, f[1])
+		}
+	}
+	return nil
+}
+
+func (r *recorder) IPSetNames() ([]string, error) {
+	var out []string
+	for n := range r.sets {
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (r *recorder) IPTablesRestore(p []byte) error {
+	r.calls = append(r.calls, "iptables:\n"+string(p))
+	for _, l := range strings.Split(string(p), "\n") {
+		switch {
+		case strings.HasPrefix(l, ":"):
+			r.chains[strings.Fields(l[1:])[0]] = true
+		case strings.HasPrefix(l, "-X "):
+			delete(r.chains, l[3:])
+		}
+	}
+	return nil
+}
+
+func (r *recorder) IPTablesSave() ([]byte, error) {
+	var b strings.Builder
+	b.WriteString("*filter\n:FORWARD ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n")
+	for c := range r.chains {
+		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	for _, j := range polipt.Jumps() {
+		if r.chains[polipt.ChainForward] {
+			b.WriteString("-A " + j.Chain + " " + j.Rule + "\n")
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return []byte(b.String()), nil
+}
+
+func (r *recorder) EnsureBridgeNetfilter() error { return nil }
+
+func newRecorder() *recorder { return &recorder{sets: map[string]bool{}, chains: map[string]bool{}} }
+
+func (r *recorder) take() []string { c := r.calls; r.calls = nil; return c }
+
+// Membership changes swap a set in place and touch no chain; a policy edit
+// creates fresh sets before the chains switch, and the old sets go after.
+func TestApplyOrder(t *testing.T) {
+	w := nt.Addressed()
+	rec := newRecorder()
+	a := polipt.Applier{Runner: rec}
+	pol := nt.Policy("x", "p", nt.L(nt.PodLabel, "a"), nt.Ingress(nt.From(nt.Peers(nt.NSPeer(nt.L("team", "blue"))), nt.Port(corev1.ProtocolTCP, 80))))
+	w.Namespace("y").Labels["team"] = "blue"
+	if _, err := a.Apply(render(w, "node1", pol)); err != nil {
+		t.Fatal(err)
+	}
+	first := rec.take()
+	if len(first) != 2 || !strings.HasPrefix(first[0], "ipset:") || !strings.HasPrefix(first[1], "iptables:") ||
+		!strings.Contains(first[1], "-I FORWARD 1 ") || !strings.Contains(first[1], "-I INPUT 1 ") {
+		t.Fatalf("first apply:\n%s", strings.Join(first, "\n"))
+	}
+	// z joins: the set is refilled and swapped, no chain is rewritten.
+	w.Namespace("z").Labels["team"] = "blue"
+	st, err := a.Apply(render(w, "node1", pol))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := rec.take()
+	if st.Sets != 1 || st.Chains != 0 || len(calls) != 1 || !strings.Contains(calls[0], "swap ") || strings.Count(calls[0], "add ") != 6 {
+		t.Fatalf("membership change: %+v\n%s", st, strings.Join(calls, "\n"))
+	}
+	// Nothing changed: nothing sent.
+	if _, err := a.Apply(render(w, "node1", pol)); err != nil || len(rec.take()) != 0 {
+		t.Fatalf("idle apply sent something (%v)", err)
+	}
+	// The policy is edited: a new set first, then the chain, then the old set goes.
+	oldSets := len(rec.sets)
+	pol.Spec.Ingress[0].Ports[0] = nt.Port(corev1.ProtocolTCP, 81)
+	st, err = a.Apply(render(w, "node1", pol))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls = rec.take()
+	if len(calls) != 3 || !strings.HasPrefix(calls[0], "ipset:") || !strings.HasPrefix(calls[1], "iptables:") ||
+		!strings.Contains(calls[1], "--dport 81") || !strings.Contains(calls[2], "destroy ") || st.DeletedSets != 1 {
+		t.Fatalf("policy edit: %+v\n%s", st, strings.Join(calls, "\n"))
+	}
+	if len(rec.sets) != oldSets {
+		t.Fatalf("%d sets after the edit, want %d", len(rec.sets), oldSets)
+	}
+	// The policy goes: its chains are deleted in the same transaction.
+	st, err = a.Apply(render(w, "node1"))
+	if err != nil || st.DeletedChains != 1 || len(rec.sets) != 0 {
+		t.Fatalf("delete: %+v %v, sets left %v", st, err, rec.sets)
+	}
+}
