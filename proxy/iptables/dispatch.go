@@ -31,12 +31,17 @@ func bucketPort(p uint16) uint16 { return p / nodePortBucket * nodePortBucket }
 
 func byName(a, b *portOut) int { return cmp.Compare(a.name, b.name) }
 
-// dispatch rebuilds the bucket chains u touched and, from all buckets, the
-// services chain, the NodePort chain and the filter chain of ports without
-// endpoints.
+// dispatch rebuilds the bucket chains u touched and, when buckets came or
+// went, the services chain and the NodePort chain; and the filter chain of
+// ports without endpoints. Bucket chains keep their names (the bucket's),
+// so a change inside a bucket rewrites that chain alone, however many
+// buckets there are.
 func (r *Renderer) dispatch(u *update) {
+	newBuckets := false
 	for b := range u.vips {
 		members := sortedMembers(r.vipMembers[b])
+		_, had := r.vipChains[b]
+		newBuckets = newBuckets || had != (len(members) > 0)
 		if len(members) == 0 {
 			delete(r.vipChains, b)
 			continue
@@ -45,10 +50,13 @@ func (r *Renderer) dispatch(u *update) {
 		for _, o := range members {
 			rules = append(rules, o.vips[b]...)
 		}
-		r.vipChains[b] = addressed(TableNAT, "WEFT-VIPS-", rules, b.String())
+		r.vipChains[b] = &Chain{Table: TableNAT, Name: hashName("WEFT-VIPS-", b.String()), Rules: rules, Fixed: true}
 	}
+	newPorts := false
 	for s := range u.nports {
 		members := sortedMembers(r.npMembers[s])
+		_, had := r.npChains[s]
+		newPorts = newPorts || had != (len(members) > 0)
 		if len(members) == 0 {
 			delete(r.npChains, s)
 			continue
@@ -57,9 +65,9 @@ func (r *Renderer) dispatch(u *update) {
 		for _, o := range members {
 			rules = append(rules, o.nports[s]...)
 		}
-		r.npChains[s] = addressed(TableNAT, "WEFT-NP-", rules, fmt.Sprint(s))
+		r.npChains[s] = &Chain{Table: TableNAT, Name: hashName("WEFT-NP-", fmt.Sprint(s)), Rules: rules, Fixed: true}
 	}
-	if r.services == nil || len(u.vips) > 0 {
+	if r.services == nil || newBuckets {
 		var rules []string
 		for _, b := range sortedKeysFunc(r.vipChains, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) }) {
 			rules = append(rules, fmt.Sprintf("-d %s -j %s", b, r.vipChains[b].Name))
@@ -71,7 +79,7 @@ func (r *Renderer) dispatch(u *update) {
 		}
 		r.services = &Chain{Table: TableNAT, Name: chainServices, Rules: rules, Fixed: true}
 	}
-	if r.nodePorts == nil || len(u.nports) > 0 {
+	if r.nodePorts == nil || newPorts {
 		var rules []string
 		for _, s := range sortedKeysFunc(r.npChains, cmp.Compare[uint16]) {
 			for _, p := range []string{"tcp", "udp", "sctp"} {

@@ -56,10 +56,11 @@ func (c Config) masqMark() uint32 {
 func (c Config) dropMark() uint32 { return c.masqMark() << 1 }
 
 // Chain is one chain weft owns and its rules, each without "-A CHAIN".
-// Chains are immutable once rendered. Every chain but the few Fixed ones
-// is named after a hash of its identity and its rules: a chain of that
-// name in the kernel has exactly these rules, so an apply only writes
-// chains the kernel lacks.
+// Chains are immutable once rendered. A service port's chains are named
+// after a hash of their identity and their rules: a chain of that name in
+// the kernel has exactly these rules, so an apply only writes those the
+// kernel lacks. The others (base and dispatch chains) are Fixed: named
+// after what they are, rewritten in place.
 type Chain struct {
 	Table, Name string
 	Rules       []string
