@@ -4,7 +4,9 @@
 // nodes, nodes reach pods, pods reach nodes, pods reach an external host
 // masqueraded behind their node's address, and a Service over the probe pods
 // answers on its ClusterIP (from pods and nodes) and its NodePort (from the
-// external host, source-NATed to the node).
+// external host, source-NATed to the node). Last, a NetworkPolicy isolates
+// one probe pod: only the allowed peer and the pod's own node reach it, until
+// the policy is deleted.
 package check
 
 import (
@@ -135,6 +137,7 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 			sawFrom("external", p.node.IP.AsSlice()))
 	}
 	out = append(out, services(ctx, c, pods, nodes, ext, sawNode)...)
+	out = append(out, policies(ctx, c, pods)...)
 	return out, nil
 }
 
@@ -216,7 +219,7 @@ func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]
 	wants = append(wants, want{"probe-" + nodes[0].Name + "-b", nodes[0].Name})
 	for _, w := range wants {
 		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: w.name, Labels: map[string]string{"app": "weft-check"}},
+			ObjectMeta: metav1.ObjectMeta{Name: w.name, Labels: map[string]string{"app": "weft-check", nameLabel: w.name}},
 			Spec: corev1.PodSpec{NodeName: w.node, Containers: []corev1.Container{{
 				Name: "workload", Image: "weft-workload", Ports: []corev1.ContainerPort{{ContainerPort: 80}},
 			}}},

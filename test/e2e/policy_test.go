@@ -14,6 +14,7 @@ import (
 // equal the oracle's.
 func TestNetworkPolicy(t *testing.T) {
 	c := up(t, 3, "hostgw")
+	c.checkPolicyRows(t)
 	b := newNetpolBed(t, c, 3)
 	if !b.expect(t, b.world, nil, "no policy") {
 		t.FailNow()
