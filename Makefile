@@ -17,7 +17,7 @@ export WEFT_CNI_PATH := $(CNI_BIN)
 # know, and a static Go binary starts ~0.6 ms faster (no dynamic loader).
 export CGO_ENABLED := 0
 
-.PHONY: all deps build kube lab lab-down test test-unit bench lint clean
+.PHONY: all deps build kube coredns lab lab-down test test-unit bench lint clean
 
 all: build
 
@@ -34,6 +34,11 @@ build:
 # kubectl) from hack/tools/go.mod; only rebuilt when missing or bumped.
 kube:
 	@bash hack/build-kube.sh
+
+# CoreDNS (hack/coredns/go.mod), the DNS benchmark's peer; only rebuilt when
+# missing or bumped. Only bench needs it.
+coredns:
+	@bash hack/build-coredns.sh
 
 # The main job: a 3-node cluster of network namespaces (see docs/lab.md).
 LAB_FLAGS ?= --nodes 3 --routing hostgw
@@ -58,9 +63,12 @@ test-unit:
 # CNI ADD+DEL against bridge+host-local; the service proxy against upstream
 # kube-proxy (iptables and nftables modes). PROXY_BENCH_FLAGS picks sizes.
 PROXY_BENCH_FLAGS ?= -services 1000,5000
-bench: deps build kube
+# weft-dns against CoreDNS (kubernetes plugin, cache 30); DNS_BENCH_FLAGS picks sizes.
+DNS_BENCH_FLAGS ?= -services 10000
+bench: deps build kube coredns
 	$(GO) run ./test/bench/cnibench -plugins $(CNI_BIN)
 	$(GO) run ./test/bench/proxybench $(PROXY_BENCH_FLAGS)
+	$(GO) run ./test/bench/dnsbench $(DNS_BENCH_FLAGS)
 
 clean:
 	rm -rf $(BIN)
