@@ -69,6 +69,7 @@ bench: deps build kube coredns
 	$(GO) run ./test/bench/cnibench -plugins $(CNI_BIN)
 	$(GO) run ./test/bench/proxybench $(PROXY_BENCH_FLAGS)
 	$(GO) run ./test/bench/dnsbench $(DNS_BENCH_FLAGS)
+	$(GO) run ./test/bench/policybench
 
 clean:
 	rm -rf $(BIN)

@@ -168,7 +168,7 @@ func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, u
 				if !slices.Contains(g.netIDs, id) {
 					g.netIDs = append(g.netIDs, id)
 				}
-			case len(v4(s.Addrs)) > 0 && !slices.Contains(g.addrIDs, id):
+			case hasV4(s.Addrs) && !slices.Contains(g.addrIDs, id):
 				g.addrIDs = append(g.addrIDs, id)
 			}
 		}
@@ -189,11 +189,13 @@ func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, u
 				if len(g.addrIDs) > 1 {
 					slices.Sort(g.addrIDs)
 					id = "union:" + strings.Join(g.addrIDs, "|")
-					var all []netip.Addr
-					for _, m := range g.addrIDs {
-						all = append(all, sets[m].Addrs...)
+					if _, done := used[id]; !done { // pods with the same policies share it
+						var all []netip.Addr
+						for _, m := range g.addrIDs {
+							all = append(all, sets[m].Addrs...)
+						}
+						used[id] = policy.AddrSet{Kind: policy.SetAddrs, Addrs: uniq(all)}
 					}
-					used[id] = policy.AddrSet{Kind: policy.SetAddrs, Addrs: uniq(all)}
 				} else {
 					used[id] = sets[id]
 				}
@@ -284,6 +286,10 @@ func SetName(id string) string { return hashName(SetPrefix, id) }
 func hashName(prefix, id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return prefix + base32.StdEncoding.EncodeToString(sum[:])[:16]
+}
+
+func hasV4(ips []netip.Addr) bool {
+	return slices.ContainsFunc(ips, netip.Addr.Is4)
 }
 
 func v4(ips []netip.Addr) []netip.Addr {

@@ -1,0 +1,17 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/weftnet/weft/policy"
+	polipt "github.com/weftnet/weft/policy/iptables"
+)
+
+func BenchmarkRender(b *testing.B) {
+	in := world(2000)
+	in.Policies = scalePolicies(1000)
+	d := policy.Compile(in)
+	for b.Loop() {
+		polipt.Render(d, polipt.Config{NodeName: nodeName})
+	}
+}

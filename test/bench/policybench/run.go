@@ -1,0 +1,129 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/weftnet/weft/policy"
+	polipt "github.com/weftnet/weft/policy/iptables"
+)
+
+func run(nPol, nPods, conns, runs int) error {
+	in := world(nPods)
+	in.Policies = scalePolicies(nPol)
+	fmt.Printf("policybench: %d policies, %d pods (all on this node), %d runs\n\n", nPol, nPods, runs)
+
+	var compile, render []time.Duration
+	var d policy.Desired
+	var rs *polipt.Ruleset
+	for range runs {
+		t0 := time.Now()
+		d = policy.Compile(in)
+		compile = append(compile, time.Since(t0))
+		t0 = time.Now()
+		rs = polipt.Render(d, polipt.Config{NodeName: nodeName})
+		render = append(render, time.Since(t0))
+	}
+	rules, members := 0, 0
+	for _, c := range rs.Chains {
+		rules += len(c.Rules)
+	}
+	for _, s := range rs.Sets {
+		members += len(s.Members)
+	}
+	fmt.Printf("compiled: %d isolated pods, %d sets; rendered: %d chains, %d rules, %d ipsets with %d members\n",
+		len(d.Pods), len(d.Sets), len(rs.Chains), rules, len(rs.Sets), members)
+
+	var full, edit, relabel []time.Duration
+	for i := range runs {
+		a := &polipt.Applier{}
+		if err := a.Cleanup(); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if _, err := a.Apply(rs); err != nil {
+			return fmt.Errorf("full apply: %w", err)
+		}
+		full = append(full, time.Since(t0))
+		// One policy edited (its port), then put back.
+		p := in.Policies[i%len(in.Policies)]
+		orig := p.DeepCopy()
+		p.Spec.Ingress[0].Ports[0].Port.IntVal, p.Spec.Ingress[0].Ports[0].Port.Type = 8080, 0
+		p.Spec.Ingress[0].Ports[0].Port.StrVal = ""
+		d2 := policy.Compile(in)
+		rs2 := polipt.Render(d2, polipt.Config{NodeName: nodeName})
+		t0 = time.Now()
+		if _, err := a.Apply(rs2); err != nil {
+			return fmt.Errorf("apply after an edit: %w", err)
+		}
+		edit = append(edit, time.Since(t0))
+		in.Policies[i%len(in.Policies)] = orig
+		// One pod relabelled.
+		pod := in.Pods[i]
+		old := pod.Labels["role"]
+		pod.Labels["role"] = "moved"
+		rs3 := polipt.Render(policy.Compile(in), polipt.Config{NodeName: nodeName})
+		t0 = time.Now()
+		if _, err := a.Apply(rs3); err != nil {
+			return fmt.Errorf("apply after a relabel: %w", err)
+		}
+		relabel = append(relabel, time.Since(t0))
+		pod.Labels["role"] = old
+	}
+	fmt.Printf("\n%-50s %12s\n", "step (median)", "time")
+	fmt.Printf("%-50s %12s\n", "compile", median(compile).Round(time.Microsecond))
+	fmt.Printf("%-50s %12s\n", "render", median(render).Round(time.Microsecond))
+	fmt.Printf("%-50s %12s\n", "apply, first (ipset restore + iptables-restore)", median(full).Round(time.Microsecond))
+	fmt.Printf("%-50s %12s\n", "apply, one policy edited", median(edit).Round(time.Microsecond))
+	fmt.Printf("%-50s %12s\n", "apply, one pod relabelled", median(relabel).Round(time.Microsecond))
+	if err := (&polipt.Applier{}).Cleanup(); err != nil {
+		return err
+	}
+
+	b, err := newConnBed()
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	type rateCase struct {
+		name string
+		n    int // policies selecting the server; 0: none
+	}
+	cases := []rateCase{{"no policy", 0}, {"1 policy", 1}, {fmt.Sprintf("%d policies", nPol), nPol}}
+	rates := map[int]float64{}
+	fmt.Printf("\n%-50s %12s %8s\n", "TCP connections/s through the server pod", "median", "chain")
+	for _, c := range cases {
+		w := world(nPods)
+		if c.n > 0 {
+			w.Policies = serverPolicies(c.n)
+		}
+		a := &polipt.Applier{}
+		rs := polipt.Render(policy.Compile(w), polipt.Config{NodeName: nodeName})
+		if _, err := a.Apply(rs); err != nil {
+			return err
+		}
+		chainLen := 0
+		for _, ch := range rs.Chains {
+			if strings.HasPrefix(ch.Name, "WEFT-POL-I-") {
+				chainLen = len(ch.Rules)
+			}
+		}
+		var samples []float64
+		for range runs {
+			r, err := b.rate(conns)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			samples = append(samples, r)
+		}
+		rates[c.n] = medianF(samples)
+		fmt.Printf("%-50s %12.0f %8d\n", c.name, rates[c.n], chainLen)
+		if err := a.Cleanup(); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\nratio %d policies : 1 policy = %.2f (1.00 is flat); 1 policy : none = %.2f\n",
+		nPol, rates[nPol]/rates[1], rates[1]/rates[0])
+	return nil
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weftnet/weft/policy"
+	nt "github.com/weftnet/weft/policy/netpoltest"
+)
+
+// The bench's own addresses: the world's pods live in 10.244.0.0/16 (not
+// wired), the two real pods on their bridge in benchNet.
+const (
+	benchNS    = "bench"
+	nodeName   = "node1"
+	namespaces = 20
+	apps       = 20
+)
+
+var (
+	serverIP = netip.MustParseAddr("10.250.0.2")
+	clientIP = netip.MustParseAddr("10.250.0.3")
+)
+
+// world builds nPods pods over 20 namespaces, all on nodeName, plus the
+// bench namespace with the real server and client pods.
+func world(nPods int) policy.Input {
+	var in policy.Input
+	for i := range namespaces {
+		in.Namespaces = append(in.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ns-%02d", i),
+			Labels: map[string]string{"name": fmt.Sprintf("ns-%02d", i), "tier": fmt.Sprint(i % 4)}}})
+	}
+	in.Namespaces = append(in.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNS, Labels: map[string]string{"name": benchNS}}})
+	for j := range nPods {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns-%02d", j%namespaces), Name: fmt.Sprintf("pod-%05d", j),
+			Labels: map[string]string{"app": fmt.Sprintf("app-%02d", j%apps), "role": fmt.Sprint(j % 3)}},
+			Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
+		nt.SetIP(p, netip.AddrFrom4([4]byte{10, 244, byte(j / 250), byte(2 + j%250)}))
+		in.Pods = append(in.Pods, p)
+	}
+	for _, rp := range []struct {
+		name string
+		ip   netip.Addr
+	}{{"server", serverIP}, {"client", clientIP}} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: benchNS, Name: rp.name, Labels: map[string]string{"role": rp.name}},
+			Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
+		nt.SetIP(p, rp.ip)
+		in.Pods = append(in.Pods, p)
+	}
+	return in
+}
+
+// scalePolicies are n policies over the world's namespaces mixing the API's
+// features: pod and namespace selectors, named ports, ipBlocks, egress.
+func scalePolicies(n int) []*networkingv1.NetworkPolicy {
+	var out []*networkingv1.NetworkPolicy
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	for k := range n {
+		ns := fmt.Sprintf("ns-%02d", k%namespaces)
+		peer := networkingv1.NetworkPolicyPeer{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": fmt.Sprint(k % 4)}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprint(k % 3)}},
+		}
+		port := nt.Port(tcp, 80)
+		if k%2 == 1 {
+			port = nt.Named(tcp, "http")
+		}
+		p := nt.Policy(ns, fmt.Sprintf("pol-%04d", k), map[string]string{"app": fmt.Sprintf("app-%02d", k%apps)},
+			nt.Ingress(nt.From(nt.Peers(peer), port)))
+		if k%10 == 0 {
+			p.Spec.Ingress = append(p.Spec.Ingress, nt.From(nt.Peers(nt.BlockPeer("172.16.0.0/12", "172.16.1.0/24"))))
+		}
+		if k%5 == 0 {
+			p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+			p.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{nt.To(nil, nt.Port(udp, 53), nt.Port(tcp, 53)),
+				nt.To(nt.Peers(networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": fmt.Sprint((k + 1) % 4)}}}))}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// serverPolicies are n policies all selecting the bench server: n-1 allow
+// other peers (each its own selector), the last (by name) allows the client.
+func serverPolicies(n int) []*networkingv1.NetworkPolicy {
+	var out []*networkingv1.NetworkPolicy
+	server := map[string]string{"role": "server"}
+	for k := range n - 1 {
+		peer := networkingv1.NetworkPolicyPeer{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"name": fmt.Sprintf("ns-%02d", k%namespaces)}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%02d", (k/namespaces)%apps)}},
+		}
+		out = append(out, nt.Policy(benchNS, fmt.Sprintf("other-%04d", k), server, nt.Ingress(nt.From(nt.Peers(peer), nt.Port(corev1.ProtocolTCP, 80)))))
+	}
+	out = append(out, nt.Policy(benchNS, "zz-client", server,
+		nt.Ingress(nt.From(nt.Peers(nt.PodPeer(map[string]string{"role": "client"})), nt.Port(corev1.ProtocolTCP, 80)))))
+	return out
+}
