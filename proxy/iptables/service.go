@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/weftnet/weft/proxy/model"
@@ -247,7 +248,9 @@ func (p *portRenderer) lb(eps []model.Endpoint) string {
 	targets := make([]string, len(eps))
 	for i, e := range eps {
 		dest := netip.AddrPortFrom(e.IP, e.Port)
-		p.hairpin(dest, pr)
+		if e.NodeName == "" || e.NodeName == p.cfg.NodeName {
+			p.hairpin(dest, pr) // only a pod on this node can reach itself here
+		}
 		if sp.AffinitySeconds > 0 {
 			targets[i] = "-j " + p.endpoint(e)
 		} else {
@@ -275,12 +278,9 @@ func (p *portRenderer) lb(eps []model.Endpoint) string {
 // must be masqueraded.
 func (p *portRenderer) hairpin(dest netip.AddrPort, pr string) {
 	e := fmt.Sprintf("%s,%s:%d,%s", dest.Addr(), pr, dest.Port(), dest.Addr())
-	for _, have := range p.out.hairpin {
-		if have == e {
-			return
-		}
+	if !slices.Contains(p.out.hairpin, e) { // at most two LB chains per port share endpoints
+		p.out.hairpin = append(p.out.hairpin, e)
 	}
-	p.out.hairpin = append(p.out.hairpin, e)
 }
 
 // endpoint renders the DNAT chain of one endpoint of a ClientIP-affinity

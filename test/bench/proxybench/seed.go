@@ -28,6 +28,9 @@ func sliceName(i int) string { return svcName(i) + "-bench" }
 
 // seedIP is the j-th endpoint of service i: 10.244.0-249.1-250, never in
 // 10.244.255.0/24, which the change phase uses.
+// peerNodes is how many nodes the seeded endpoints are spread over.
+const peerNodes = 100
+
 func seedIP(i, j, perSvc int) string {
 	k := i*perSvc + j
 	return netip.AddrFrom4([4]byte{10, 244, byte(k / 250 % 250), byte(k%250 + 1)}).String()
@@ -88,9 +91,13 @@ func seedOne(ctx context.Context, c kubernetes.Interface, i, perSvc int) error {
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
 	}
 	for j := 0; j < perSvc; j++ {
+		// As the EndpointSlice controller writes them: every endpoint names
+		// its node (pods spread over other nodes than the measured one).
+		node := fmt.Sprintf("peer-%d", (i*perSvc+j)%peerNodes)
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
 			Addresses:  []string{seedIP(i, j, perSvc)},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready},
+			NodeName:   &node,
 		})
 	}
 	_, err := c.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice, metav1.CreateOptions{})
