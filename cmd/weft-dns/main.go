@@ -54,7 +54,9 @@ func main() {
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(f, log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, f, log); err != nil {
 		log.Error("weft-dns failed", "err", err)
 		os.Exit(1)
 	}
@@ -77,7 +79,8 @@ func upstreams(f flags) ([]string, error) {
 	return cc.Servers, nil
 }
 
-func run(f flags, log *slog.Logger) error {
+// run serves until ctx ends.
+func run(ctx context.Context, f flags, log *slog.Logger) error {
 	if (f.kubeconfig == "") == (f.manifests == "") {
 		return errors.New("give exactly one of --kubeconfig and --manifests")
 	}
@@ -113,14 +116,14 @@ func run(f flags, log *slog.Logger) error {
 	}
 	srv := dns.NewServer(&dns.Handler{Index: x, Forward: fwd, Cache: cache, Metrics: m}, log)
 	if err := srv.Listen(f.listen); err != nil {
-		return err
+		return fmt.Errorf("--listen: %w", err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := serveHTTP(f.metrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})); err != nil {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := serveHTTP(ctx, f.metrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})); err != nil {
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
-	if err := serveHTTP(f.health, health(x)); err != nil {
+	if err := serveHTTP(ctx, f.health, health(x)); err != nil {
 		return fmt.Errorf("--health-addr: %w", err)
 	}
 	errc := make(chan error, 2)
@@ -180,7 +183,7 @@ func health(x *dns.Index) http.Handler {
 	return mux
 }
 
-func serveHTTP(addr string, h http.Handler) error {
+func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
 	if addr == "" {
 		return nil
 	}
@@ -188,6 +191,8 @@ func serveHTTP(addr string, h http.Handler) error {
 	if err != nil {
 		return err
 	}
-	go func() { _ = http.Serve(ln, h) }()
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
 	return nil
 }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+)
+
+func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestFlagErrors: bad flags fail with an error naming the flag, before
+// anything is served.
+func TestFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	ok := flags{manifests: dir, zone: "cluster.local", listen: "127.0.0.1:0", upstream: "127.0.0.1", podRecords: "disabled", ttl: 5, cacheSize: 10}
+	for _, c := range []struct {
+		name string
+		mod  func(*flags)
+		want string
+	}{
+		{"no source", func(f *flags) { f.manifests = "" }, "--kubeconfig and --manifests"},
+		{"two sources", func(f *flags) { f.kubeconfig = "x" }, "--kubeconfig and --manifests"},
+		{"pod records", func(f *flags) { f.podRecords = "insecure" }, "--pod-records"},
+		{"zone", func(f *flags) { f.zone = "bad..zone" }, "--zone"},
+		{"empty zone", func(f *flags) { f.zone = "." }, "--zone"},
+		{"upstream", func(f *flags) { f.upstream = "dns.example" }, "--upstream"},
+		{"ttl", func(f *flags) { f.ttl = 1 << 40 }, "--ttl"},
+		{"listen", func(f *flags) { f.listen = "256.0.0.1:53" }, "--listen"},
+		{"resolv.conf", func(f *flags) { f.upstream, f.resolvConf = "", filepath.Join(dir, "none") }, "--upstream not given"},
+		{"manifest dir", func(f *flags) { f.manifests = filepath.Join(dir, "none") }, "--manifests"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := ok
+			c.mod(&f)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := run(ctx, f, quiet())
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, c.want)
+			}
+		})
+	}
+}
+
+const manifest = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default}
+spec: {containers: [{name: c, image: x}]}
+status: {phase: Running, podIP: 10.244.1.7, podIPs: [{ip: 10.244.1.7}]}
+`
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestManifests runs weft-dns on a manifest directory: ready after the
+// first load, answers, and picks up a changed file.
+func TestManifests(t *testing.T) {
+	if !netnsutil.Isolated() {
+		t.Skip("socket test: needs root to run in a private network namespace")
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "objects.yaml")
+	if err := os.WriteFile(file, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dnsAddr, healthAddr := freePort(t), freePort(t)
+	f := flags{manifests: dir, zone: "cluster.local", listen: dnsAddr, upstream: "127.0.0.1:1", podRecords: "verified",
+		ttl: 5, cacheSize: 10, cacheMaxTTL: time.Minute, cacheMaxNeg: time.Minute, health: healthAddr}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, f, quiet()) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	waitFor(t, "/readyz", func() bool {
+		r, err := http.Get("http://" + healthAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	answer := func(name string) string {
+		c := &mdns.Client{Timeout: time.Second}
+		m := new(mdns.Msg)
+		m.SetQuestion(name, mdns.TypeA)
+		r, _, err := c.Exchange(m, dnsAddr)
+		if err != nil || len(r.Answer) != 1 {
+			return ""
+		}
+		return r.Answer[0].(*mdns.A).A.String()
+	}
+	if got := answer("web.default.svc.cluster.local."); got != "10.96.0.10" {
+		t.Fatalf("web: %q", got)
+	}
+	if got := answer("10-244-1-7.default.pod.cluster.local."); got != "10.244.1.7" {
+		t.Fatalf("pod record from the manifest: %q", got)
+	}
+	if err := os.WriteFile(file, []byte(strings.Replace(manifest, "10.96.0.10", "10.96.0.11", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the changed file", func() bool { return answer("web.default.svc.cluster.local.") == "10.96.0.11" })
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
