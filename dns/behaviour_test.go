@@ -251,3 +251,27 @@ func TestTruncation(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedNames: two owners contributing to one name (a pod address behind
+// two headless Services has two PTRs); removing one owner keeps the other's.
+func TestSharedNames(t *testing.T) {
+	s, x := newTestServer(t, false, nil)
+	ip := nth(podNet, 9*256+9)
+	for _, name := range []string{"one", "two"} {
+		x.OnService(nil, headless("default", name))
+		x.OnEndpointSlice(nil, slice("default", name, name+"-a", nil, endpoint{ip, "", true}))
+	}
+	host := func(svc string) string { return DashedLabel(ip) + "." + svc + ".default.svc." + zone }
+	got := answers(ask(t, s, q(rev(ip), mdns.TypePTR), false))
+	if want := rrs(t, rev(ip)+" PTR "+host("one"), rev(ip)+" PTR "+host("two")); !slices.Equal(got, want) {
+		t.Fatalf("shared PTR: %q, want %q", got, want)
+	}
+	x.OnService(headless("default", "one"), nil)
+	got = answers(ask(t, s, q(rev(ip), mdns.TypePTR), false))
+	if want := rrs(t, rev(ip)+" PTR "+host("two")); !slices.Equal(got, want) {
+		t.Fatalf("after deleting one owner: %q, want %q", got, want)
+	}
+	if r := ask(t, s, q(host("one"), mdns.TypeA), false); r.Rcode != mdns.RcodeNameError {
+		t.Errorf("deleted Service's endpoint name: %s", mdns.RcodeToString[r.Rcode])
+	}
+}

@@ -18,6 +18,7 @@ package dns
 // never served from a partly applied event.
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -50,6 +51,12 @@ func (n *Node) Get(t uint16) []mdns.RR {
 	return out
 }
 
+// contribution is one owner's records at one name. Most names have one.
+type contribution struct {
+	owner string
+	rrs   []mdns.RR
+}
+
 // Index is the record index. Its methods are safe for concurrent use.
 type Index struct {
 	cfg  Config
@@ -58,8 +65,8 @@ type Index struct {
 	node map[string]*Node
 	ent  map[string]int // names below each name (within the zone)
 
-	contrib map[string]map[string][]mdns.RR // name -> owner -> records
-	owned   map[string][]string             // owner -> names
+	contrib map[string][]contribution // name -> what each owner puts there
+	owned   map[string][]string       // owner -> names
 
 	services  map[string]*corev1.Service
 	slices    map[string]map[string]*discoveryv1.EndpointSlice // service key -> slice name
@@ -78,7 +85,7 @@ func NewIndex(cfg Config) *Index {
 	x := &Index{
 		cfg: cfg, soa: SOA(cfg),
 		node: map[string]*Node{}, ent: map[string]int{},
-		contrib: map[string]map[string][]mdns.RR{}, owned: map[string][]string{},
+		contrib: map[string][]contribution{}, owned: map[string][]string{},
 		services: map[string]*corev1.Service{}, slices: map[string]map[string]*discoveryv1.EndpointSlice{},
 		pods: map[string]*corev1.Pod{}, subdomain: map[string]map[string]*corev1.Pod{},
 	}
@@ -252,15 +259,12 @@ func (x *Index) setOwner(owner string, r Records) {
 	touched := map[string]bool{}
 	for _, name := range x.owned[owner] {
 		touched[name] = true
-		delete(x.contrib[name], owner)
+		x.contrib[name] = slices.DeleteFunc(x.contrib[name], func(c contribution) bool { return c.owner == owner })
 	}
 	names := make([]string, 0, len(r))
 	for name, rrs := range r {
 		touched[name] = true
-		if x.contrib[name] == nil {
-			x.contrib[name] = map[string][]mdns.RR{}
-		}
-		x.contrib[name][owner] = rrs
+		x.contrib[name] = append(x.contrib[name], contribution{owner: owner, rrs: rrs})
 		names = append(names, name)
 	}
 	if len(names) == 0 {
@@ -285,27 +289,29 @@ func (x *Index) rebuild(name string) {
 		}
 		return
 	}
-	owners := make([]string, 0, len(c))
-	for o := range c {
-		owners = append(owners, o)
-	}
-	sort.Strings(owners)
 	n := &Node{Name: name}
-	seen := map[string]bool{}
-	for _, o := range owners {
-		for _, rr := range c[o] {
-			s := rr.String()
-			if seen[s] {
-				continue
-			}
-			seen[s] = true
-			n.RRs = append(n.RRs, rr)
-			if cn, ok := rr.(*mdns.CNAME); ok && n.CNAME == nil {
-				n.CNAME = cn
+	if len(c) == 1 { // the common case: one owner, its records as they are
+		n.RRs = c[0].rrs
+	} else {
+		sort.Slice(c, func(i, j int) bool { return c[i].owner < c[j].owner })
+		seen := map[string]bool{}
+		for _, o := range c {
+			for _, rr := range o.rrs {
+				s := rr.String()
+				if !seen[s] {
+					seen[s] = true
+					n.RRs = append(n.RRs, rr)
+				}
 			}
 		}
 	}
 	sort.SliceStable(n.RRs, func(i, j int) bool { return n.RRs[i].Header().Rrtype < n.RRs[j].Header().Rrtype })
+	for _, rr := range n.RRs {
+		if cn, ok := rr.(*mdns.CNAME); ok {
+			n.CNAME = cn
+			break
+		}
+	}
 	x.node[name] = n
 	if !had {
 		x.countParents(name, 1)
