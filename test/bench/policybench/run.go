@@ -87,41 +87,48 @@ func run(nPol, nPods, conns, runs int) error {
 	}
 	defer b.close()
 	type rateCase struct {
-		name string
-		n    int // policies selecting the server; 0: none
+		name    string
+		n       int // policies selecting the server; 0: none
+		rs      *polipt.Ruleset
+		chain   int
+		samples []float64
 	}
-	cases := []rateCase{{"no policy", 0}, {"1 policy", 1}, {fmt.Sprintf("%d policies", nPol), nPol}}
-	rates := map[int]float64{}
-	fmt.Printf("\n%-50s %12s %8s\n", "TCP connections/s through the server pod", "median", "chain")
+	cases := []*rateCase{{name: "no policy"}, {name: "1 policy", n: 1}, {name: fmt.Sprintf("%d policies", nPol), n: nPol}}
 	for _, c := range cases {
 		w := world(nPods)
 		if c.n > 0 {
 			w.Policies = serverPolicies(c.n)
 		}
-		a := &polipt.Applier{}
-		rs := polipt.Render(policy.Compile(w), polipt.Config{NodeName: nodeName})
-		if _, err := a.Apply(rs); err != nil {
-			return err
-		}
-		chainLen := 0
-		for _, ch := range rs.Chains {
+		c.rs = polipt.Render(policy.Compile(w), polipt.Config{NodeName: nodeName})
+		for _, ch := range c.rs.Chains {
 			if strings.HasPrefix(ch.Name, "WEFT-POL-I-") {
-				chainLen = len(ch.Rules)
+				c.chain = len(ch.Rules)
 			}
 		}
-		var samples []float64
-		for range runs {
+	}
+	// Interleaved (none, 1, N, none, 1, N, ...) so that load from other
+	// processes on the machine hits every case alike.
+	a := &polipt.Applier{}
+	for range runs {
+		for _, c := range cases {
+			if _, err := a.Apply(c.rs); err != nil {
+				return err
+			}
 			r, err := b.rate(conns)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
-			samples = append(samples, r)
+			c.samples = append(c.samples, r)
 		}
-		rates[c.n] = medianF(samples)
-		fmt.Printf("%-50s %12.0f %8d\n", c.name, rates[c.n], chainLen)
-		if err := a.Cleanup(); err != nil {
-			return err
-		}
+	}
+	if err := a.Cleanup(); err != nil {
+		return err
+	}
+	rates := map[int]float64{}
+	fmt.Printf("\n%-50s %12s %8s\n", "TCP connections/s through the server pod", "median", "chain")
+	for _, c := range cases {
+		rates[c.n] = medianF(c.samples)
+		fmt.Printf("%-50s %12.0f %8d\n", c.name, rates[c.n], c.chain)
 	}
 	fmt.Printf("\nratio %d policies : 1 policy = %.2f (1.00 is flat); 1 policy : none = %.2f\n",
 		nPol, rates[nPol]/rates[1], rates[1]/rates[0])
