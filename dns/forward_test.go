@@ -277,3 +277,30 @@ func TestCacheTTL(t *testing.T) {
 		t.Errorf("cache holds %d entries, limit 10", c.Len())
 	}
 }
+
+// TestSocketsBadInput: garbage over UDP and TCP does not stop the server.
+func TestSocketsBadInput(t *testing.T) {
+	needNetns(t)
+	s, _ := serve(t, nil)
+	u, err := net.Dial("udp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	for _, pkt := range [][]byte{{}, {1, 2, 3}, make([]byte, 12), append(query("web.default.svc."+zone, mdns.TypeA, false)[:20:20], 0xff, 0xff)} {
+		if _, err := u.Write(pkt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = c.Write([]byte{0, 5, 1, 2, 3, 4, 5, 0, 200}) // a bad message, then a frame that never completes
+	c.Close()
+	for _, proto := range []string{"udp", "tcp"} {
+		if r := exchange(t, s.Addr(), "web.default.svc."+zone, mdns.TypeA, proto); len(r.Answer) != 1 {
+			t.Errorf("after garbage, over %s: %v", proto, r)
+		}
+	}
+}
