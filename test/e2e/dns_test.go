@@ -4,17 +4,20 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	mdns "github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -262,6 +265,9 @@ func TestDNS(t *testing.T) {
 		}
 	}
 
+	truncation(t, c, clientNS, server)
+	badPackets(t, clientNS, server)
+
 	// A pod turning not ready leaves the headless Service's answer.
 	patch := []byte(`{"metadata":{"annotations":{"` + kubelet.ReadyAnnotation + `":"false"}}}`)
 	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, web2.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
@@ -289,5 +295,73 @@ func TestDNS(t *testing.T) {
 			t.Fatal("deleted Service still answered")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// truncation: a headless Service with a hand-made EndpointSlice of many
+// addresses (and publishNotReadyAddresses, with half of them not ready):
+// over UDP dig sees TC and a cut answer; by default dig retries over TCP
+// and gets every address.
+func truncation(t *testing.T, c *cluster, nsPath, server string) {
+	t.Helper()
+	ctx := context.Background()
+	const n = 120
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "many"}, Spec: corev1.ServiceSpec{
+		ClusterIP: corev1.ClusterIPNone, PublishNotReadyAddresses: true, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	if _, err := c.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "many-1", Labels: map[string]string{discoveryv1.LabelServiceName: "many"}},
+		AddressType: discoveryv1.AddressTypeIPv4}
+	base := netip.MustParsePrefix(lab.ClusterCIDR).Addr()
+	var want []string
+	name := "many.default.svc.cluster.local."
+	for i := range n {
+		a := base.As4()
+		a[2], a[3] = 200+byte(i/200), byte(i%200+1)
+		ip := netip.AddrFrom4(a).String()
+		ready := i%2 == 0
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+		want = append(want, name+" A "+ip)
+	}
+	slices.Sort(want)
+	if _, err := c.client.DiscoveryV1().EndpointSlices("default").Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := dig(t, nsPath, server, name, "A")
+		if slices.Equal(r.answer, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dig (TCP retry) %s: %d answers, want %d\n%s", name, len(r.answer), n, r.raw)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r := dig(t, nsPath, server, name, "A", "+ignore", "+notcp")
+	if !slices.Contains(r.flags, "tc") || len(r.answer) >= n {
+		t.Errorf("UDP without retry: flags %v, %d answers; want tc and fewer than %d", r.flags, len(r.answer), n)
+	}
+}
+
+// badPackets sends garbage from the pod; dig keeps being answered.
+func badPackets(t *testing.T, nsPath, server string) {
+	t.Helper()
+	var conn net.Conn
+	if err := netnsutil.Do(nsPath, func() (err error) {
+		conn, err = net.Dial("udp", net.JoinHostPort(server, strconv.Itoa(dnsPort)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, pkt := range [][]byte{{0}, make([]byte, 12), []byte("GET / HTTP/1.1\r\n\r\n"), make([]byte, 600)} {
+		if _, err := conn.Write(pkt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := dig(t, nsPath, server, "dns-version.cluster.local.", "TXT"); r.status != "NOERROR" || len(r.answer) != 1 {
+		t.Errorf("after garbage packets: %s %q", r.status, r.answer)
 	}
 }
