@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	mdns "github.com/miekg/dns"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -91,7 +92,7 @@ func (s *Server) Serve() {
 		sem = make(chan struct{}, s.MaxInflight)
 	}
 	for _, c := range s.udp {
-		wg.Go(func() { s.serveUDP(c, sem) })
+		wg.Go(func() { s.serveUDPBatch(c, sem) })
 	}
 	s.mu.Lock()
 	s.tcp = &mdns.Server{
@@ -121,37 +122,6 @@ func (s *Server) Close() {
 		_ = srv.Shutdown()
 	} else if s.tcpLn != nil {
 		s.tcpLn.Close()
-	}
-}
-
-func (s *Server) serveUDP(c *net.UDPConn, sem chan struct{}) {
-	buf := make([]byte, 65536)
-	out := make([]byte, 0, 4096)
-	for {
-		n, from, err := c.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		s.h.Metrics.query(false)
-		if r := s.fastReply(buf[:n], out); r != nil {
-			_, _ = c.WriteToUDPAddrPort(r, from)
-			continue
-		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			continue // overloaded: drop, the client retries
-		}
-		pkt := append([]byte(nil), buf[:n]...)
-		go func() {
-			defer func() { <-sem }()
-			if r := s.Answer(pkt, false); r != nil {
-				_, _ = c.WriteToUDPAddrPort(r, from)
-			}
-		}()
 	}
 }
 
@@ -199,4 +169,68 @@ func formErr(pkt []byte) []byte {
 	out[3] = mdns.RcodeFormatError
 	binary.BigEndian.PutUint16(out[4:], 0)
 	return out
+}
+
+// batchSize is how many datagrams one recvmmsg/sendmmsg call moves at most.
+const batchSize = 32
+
+// serveUDPBatch reads up to batchSize queries per system call (recvmmsg),
+// answers the fast-path ones into per-slot buffers and sends those replies
+// with one sendmmsg; the others go to the general path (general).
+func (s *Server) serveUDPBatch(c *net.UDPConn, sem chan struct{}) {
+	pc := ipv6.NewPacketConn(c) // the batch calls are the same for both families
+	in := make([]ipv6.Message, batchSize)
+	out := make([]ipv6.Message, batchSize)
+	bufs := make([][]byte, batchSize)
+	replies := make([][]byte, batchSize)
+	for i := range in {
+		bufs[i] = make([]byte, 65536)
+		replies[i] = make([]byte, 0, 4096)
+		in[i].Buffers = [][]byte{bufs[i]}
+		out[i].Buffers = [][]byte{nil}
+	}
+	for {
+		n, err := pc.ReadBatch(in, 0)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		k := 0
+		for i := range n {
+			s.h.Metrics.query(false)
+			pkt := bufs[i][:in[i].N]
+			if r := s.fastReply(pkt, replies[i]); r != nil {
+				out[k].Buffers[0], out[k].Addr = r, in[i].Addr
+				k++
+				continue
+			}
+			s.general(c, pkt, in[i].Addr, sem)
+		}
+		for sent := 0; sent < k; {
+			m, err := pc.WriteBatch(out[sent:k], 0)
+			if err != nil || m == 0 {
+				break
+			}
+			sent += m
+		}
+	}
+}
+
+// general answers pkt from addr on a goroutine of its own, at most
+// cap(sem) at once; beyond that the query is dropped and the client retries.
+func (s *Server) general(c *net.UDPConn, pkt []byte, addr net.Addr, sem chan struct{}) {
+	select {
+	case sem <- struct{}{}:
+	default:
+		return
+	}
+	pkt = append([]byte(nil), pkt...)
+	go func() {
+		defer func() { <-sem }()
+		if r := s.Answer(pkt, false); r != nil {
+			_, _ = c.WriteTo(r, addr)
+		}
+	}()
 }
