@@ -78,6 +78,13 @@ func (b *bed) addPod(t *testing.T, name, br string, ip, gw netip.Addr) string {
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatal(err)
 	}
+	// Deleting the host end removes the pair now; the namespace's own
+	// teardown would do it only asynchronously.
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(host); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
 	bridge, _ := netlink.LinkByName(br)
 	peer, _ := netlink.LinkByName("eth0")
 	h, err := netns.GetFromPath(path)

@@ -88,8 +88,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 			for _, ip := range ips {
 				ingress = append(ingress, fmt.Sprintf("-d %s/32 -m comment --comment %q -j %s", ip, p.Key+" ingress", name))
 			}
-			rules := []string{"-m addrtype --src-type LOCAL -m comment --comment \"the node reaches its pods\" -j RETURN"}
-			rules = append(rules, podRules(p.Ingress.Rules, "src", d.Sets, usedSets)...)
+			rules := podRules(p.Ingress.Rules, "src", d.Sets, usedSets)
 			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropIn)})
 		}
 		if p.Egress.Isolated {

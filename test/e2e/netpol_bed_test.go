@@ -3,7 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,4 +156,33 @@ func (c *cluster) checkPolicyRows(t *testing.T) {
 			t.Errorf("check ran %d %q rows, want 1", kinds[k], k)
 		}
 	}
+}
+
+// droppedPackets sums weft_policy_dropped_packets_total over the nodes'
+// agents, per direction.
+func (c *cluster) droppedPackets(t *testing.T) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, n := range lab.NodeMembers(c.state.Members) {
+		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(n.NSPath(), nil)}}
+		resp, err := client.Get(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(n.IP.String(), strconv.Itoa(lab.AgentPort))))
+		if err != nil {
+			t.Fatalf("metrics of %s: %v", n.Name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			for _, dir := range []string{"ingress", "egress"} {
+				prefix := `weft_policy_dropped_packets_total{direction="` + dir + `"} `
+				if v, ok := strings.CutPrefix(line, prefix); ok {
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						t.Fatalf("%s: %q: %v", n.Name, line, err)
+					}
+					out[dir] += f
+				}
+			}
+		}
+	}
+	return out
 }

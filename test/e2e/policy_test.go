@@ -41,4 +41,7 @@ func TestNetworkPolicy(t *testing.T) {
 		b.reconcile(t, b.world, pols)
 		b.expect(t, b.world, pols, "random set "+strconv.Itoa(i))
 	}
+	if drops := c.droppedPackets(t); drops["ingress"] == 0 || drops["egress"] == 0 {
+		t.Errorf("agents report dropped packets %v, want both directions counted", drops)
+	}
 }
