@@ -16,7 +16,7 @@ import (
 )
 
 // benchState is the benchmark's cluster shape: n ClusterIP Services with
-// one slice of ten ready endpoints each.
+// one slice of ten ready endpoints each, on other nodes.
 func benchState(b *testing.B, n int) model.State {
 	svcs := make([]*corev1.Service, n)
 	slices := make([]*discoveryv1.EndpointSlice, n)
@@ -33,7 +33,8 @@ func benchState(b *testing.B, n int) model.State {
 		es.Ports = []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: &tcp}}
 		for j := range 10 {
 			k := i*10 + j
-			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+			node := fmt.Sprintf("peer-%d", k%100) // pods on other nodes, as in a large cluster
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{NodeName: &node,
 				Addresses: []string{netip.AddrFrom4([4]byte{10, 244, byte(k >> 8), byte(k)}).String()}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
 		}
 		slices[i] = es

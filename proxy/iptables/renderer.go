@@ -53,6 +53,9 @@ type update struct {
 // returned ruleset shares chains with earlier ones (chains are immutable).
 func (r *Renderer) Update(st model.State) *Ruleset {
 	u := &update{vips: map[netip.Prefix]bool{}, nports: map[uint16]bool{}, hairpinWas: map[string]int{}}
+	// Few changes keep the port list sorted in place; many (a first sync)
+	// re-sort it once at the end.
+	resort := len(r.ports) == 0 || len(st.Ports) > 2*len(r.ports)
 	for name, sp := range st.Ports {
 		eps := st.Endpoints[name]
 		old := r.ports[name]
@@ -65,14 +68,25 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 		}
 		r.link(o, u)
 		r.ports[name] = o
-		r.place(old, o)
+		if !resort {
+			r.place(old, o)
+		}
 	}
 	for name, old := range r.ports {
 		if _, ok := st.Ports[name]; !ok {
 			r.unlink(old, u)
 			delete(r.ports, name)
-			r.place(old, nil)
+			if !resort {
+				r.place(old, nil)
+			}
 		}
+	}
+	if resort {
+		r.sorted = r.sorted[:0]
+		for _, o := range r.ports {
+			r.sorted = append(r.sorted, o)
+		}
+		slices.SortFunc(r.sorted, byName)
 	}
 	r.dispatch(u)
 	return r.ruleset(u)
