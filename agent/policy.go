@@ -129,6 +129,7 @@ func (c *PolicyController) Run(ctx context.Context) {
 			return
 		case <-c.trigger:
 		case <-tick.C:
+			c.applier.ForceFull() // read the kernel back: repairs drift
 		}
 		start := time.Now()
 		err := c.sync()

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-
 	"github.com/weftnet/weft/policy"
 	nt "github.com/weftnet/weft/policy/netpoltest"
 )

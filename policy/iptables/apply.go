@@ -19,6 +19,7 @@ type Runner interface {
 	IPTablesRestore(payload []byte) error
 	IPTablesSave() ([]byte, error) // the filter table, with counters
 	EnsureBridgeNetfilter() error
+	FirstRule(chain string) (string, error) // rule 1 of a filter chain, "" if none
 }
 
 // Exec runs ipset, iptables-restore and iptables-save.
@@ -51,6 +52,24 @@ func (Exec) IPTablesRestore(payload []byte) error {
 		return fmt.Errorf("iptables-restore: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// FirstRule prints rule 1 of a filter chain ("-A CHAIN ..." without the
+// prefix); "" when the chain is empty.
+func (Exec) FirstRule(chain string) (string, error) {
+	out, err := exec.Command("iptables", "-w", "5", "-t", "filter", "-S", chain, "1").CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "Index of deletion too big") || strings.Contains(string(out), "Bad rule") {
+			return "", nil
+		}
+		return "", fmt.Errorf("iptables -S %s 1: %w: %s", chain, err, bytes.TrimSpace(out))
+	}
+	line := strings.TrimSpace(string(out))
+	_, rule, _ := strings.Cut(strings.TrimPrefix(line, "-A "+chain), " ")
+	if !strings.HasPrefix(line, "-A ") {
+		return "", nil
+	}
+	return rule, nil
 }
 
 // IPTablesSave dumps the filter table with counters.
@@ -116,12 +135,13 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 			a.sets[s.Name] = s.Members
 		}
 	}
-	// 2. Chains and jumps, one transaction.
-	saved, err := a.Runner.IPTablesSave()
+	// 2. Chains and jumps, one transaction. The kernel's filter table is
+	// read on a full apply, or when a jump is no longer first; otherwise
+	// the applier trusts what it applied (ForceFull repairs drift).
+	kernel, err := a.kernelView()
 	if err != nil {
 		return st, err
 	}
-	kernel := parseSave(saved)
 	var declare, rules, deletes, jumps []string
 	wantChain := map[string]bool{}
 	for _, c := range rs.Chains {
@@ -191,6 +211,41 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 	}
 	return st, nil
 }
+
+// kernelView is the filter table as Apply needs it: read from the kernel
+// on a full apply or when a policy jump is not first any more, otherwise
+// the applied chains with the jumps in place.
+func (a *Applier) kernelView() (saved, error) {
+	if a.applied {
+		firstOK := true
+		for _, j := range Jumps() {
+			first, err := a.Runner.FirstRule(j.Chain)
+			if err != nil {
+				return saved{}, err
+			}
+			firstOK = firstOK && first == j.Rule
+		}
+		if firstOK {
+			v := saved{chains: map[string]bool{}, first: map[string]string{}}
+			for name := range a.chains {
+				v.chains[name] = true
+			}
+			for _, j := range Jumps() {
+				v.first[j.Chain] = j.Rule
+			}
+			return v, nil
+		}
+	}
+	b, err := a.Runner.IPTablesSave()
+	if err != nil {
+		return saved{}, err
+	}
+	return parseSave(b), nil
+}
+
+// ForceFull makes the next Apply read the kernel and rewrite every chain
+// (periodic resyncs repair drift this way).
+func (a *Applier) ForceFull() { a.applied = false }
 
 // Cleanup removes every policy chain, jump and set.
 func (a *Applier) Cleanup() error {

@@ -69,9 +69,29 @@ func (r *recorder) IPTablesSave() ([]byte, error) {
 
 func (r *recorder) EnsureBridgeNetfilter() error { return nil }
 
+func (r *recorder) FirstRule(chain string) (string, error) {
+	r.calls = append(r.calls, "first "+chain)
+	for _, j := range polipt.Jumps() {
+		if j.Chain == chain && r.chains[polipt.ChainForward] {
+			return j.Rule, nil
+		}
+	}
+	return "", nil
+}
+
 func newRecorder() *recorder { return &recorder{sets: map[string]bool{}, chains: map[string]bool{}} }
 
-func (r *recorder) take() []string { c := r.calls; r.calls = nil; return c }
+// take returns the calls that changed something (reads dropped).
+func (r *recorder) take() []string {
+	var out []string
+	for _, c := range r.calls {
+		if !strings.HasPrefix(c, "first ") {
+			out = append(out, c)
+		}
+	}
+	r.calls = nil
+	return out
+}
 
 // Membership changes swap a set in place and touch no chain; a policy edit
 // creates fresh sets before the chains switch, and the old sets go after.

@@ -34,6 +34,9 @@
 // changed policy gets fresh sets that its new rules switch to atomically,
 // while membership changes of an unchanged policy (pods or namespaces
 // relabelled, pods added or removed) swap the set's content in place.
+// An incremental apply trusts its record of the chains it wrote and reads
+// back only rule 1 of FORWARD and INPUT; ForceFull makes the next apply read
+// the whole table and rewrite every chain (the agent's periodic resync).
 //
 // Only IPv4 is enforced.
 package iptables

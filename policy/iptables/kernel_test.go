@@ -112,3 +112,22 @@ func TestJumpStaysFirst(t *testing.T) {
 	}
 	b.check(t, b.world, deny, "deny in x behind an ACCEPT jump")
 }
+
+// TestForceFullRepairsDrift: a policy chain flushed behind weft's back is
+// rewritten by the next full apply (the agent's periodic resync).
+func TestForceFullRepairsDrift(t *testing.T) {
+	b := newBed(t)
+	var a polipt.Applier
+	deny := []*networkingv1.NetworkPolicy{nt.Policy("x", "deny", nil, nt.Ingress())}
+	b.apply(t, &a, b.world, deny)
+	b.check(t, b.world, deny, "deny in x")
+	if out, err := exec.Command("iptables", "-F", polipt.ChainIngress).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	b.check(t, b.world, nil, "after the drift (nothing enforced)")
+	b.apply(t, &a, b.world, deny) // incremental: trusts its own record
+	b.check(t, b.world, nil, "incremental apply does not look")
+	a.ForceFull()
+	b.apply(t, &a, b.world, deny)
+	b.check(t, b.world, deny, "repaired")
+}
