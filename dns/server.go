@@ -87,10 +87,11 @@ func (s *Server) Addr() string { return s.udp[0].LocalAddr().String() }
 // Serve answers until Close; it returns after every socket is closed.
 func (s *Server) Serve() {
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, max(s.MaxInflight, 1024))
-	if s.MaxInflight > 0 {
-		sem = make(chan struct{}, s.MaxInflight)
+	inflight := s.MaxInflight
+	if inflight <= 0 {
+		inflight = 1024
 	}
+	sem := make(chan struct{}, inflight)
 	for _, c := range s.udp {
 		wg.Go(func() { s.serveUDPBatch(c, sem) })
 	}
@@ -118,10 +119,12 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	srv := s.tcp
 	s.mu.Unlock()
-	if srv != nil {
-		_ = srv.Shutdown()
-	} else if s.tcpLn != nil {
-		s.tcpLn.Close()
+	// Shutdown fails for a server not started yet: then closing the
+	// listener makes ActivateAndServe return.
+	if srv == nil || srv.Shutdown() != nil {
+		if s.tcpLn != nil {
+			s.tcpLn.Close()
+		}
 	}
 }
 
