@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -90,9 +91,9 @@ func TestManifests(t *testing.T) {
 	if err := os.WriteFile(file, []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	dnsAddr, healthAddr := freePort(t), freePort(t)
+	dnsAddr, healthAddr, metricsAddr := freePort(t), freePort(t), freePort(t)
 	f := flags{manifests: dir, zone: "cluster.local", listen: dnsAddr, upstream: "127.0.0.1:1", podRecords: "verified",
-		ttl: 5, cacheSize: 10, cacheMaxTTL: time.Minute, cacheMaxNeg: time.Minute, health: healthAddr}
+		ttl: 5, cacheSize: 10, cacheMaxTTL: time.Minute, cacheMaxNeg: time.Minute, health: healthAddr, metrics: metricsAddr}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, f, quiet()) }()
@@ -130,6 +131,19 @@ func TestManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the changed file", func() bool { return answer("web.default.svc.cluster.local.") == "10.96.0.11" })
+
+	r, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	for _, re := range []string{`weft_dns_requests_total\{proto="udp"\} [1-9]`, `weft_dns_responses_total\{rcode="NOERROR"\} [1-9]`,
+		`weft_dns_fast_path_total [1-9]`, `weft_dns_ready 1`, `weft_dns_index_names [1-9]`} {
+		if !regexp.MustCompile(re).Match(body) {
+			t.Errorf("/metrics has no %s", re)
+		}
+	}
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
