@@ -156,3 +156,51 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestNotReady: with an API server that never answers, /readyz stays 503
+// and names of the zone get SERVFAIL, never a false NXDOMAIN.
+func TestNotReady(t *testing.T) {
+	if !netnsutil.Isolated() {
+		t.Skip("socket test: needs root to run in a private network namespace")
+	}
+	dead := freePort(t) // nothing listens there any more
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	conf := "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://" + dead + "'}}]\n" +
+		"users: [{name: u, user: {token: x}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+	if err := os.WriteFile(kc, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dnsAddr, healthAddr := freePort(t), freePort(t)
+	f := flags{kubeconfig: kc, zone: "cluster.local", listen: dnsAddr, upstream: "127.0.0.1:1", podRecords: "disabled",
+		ttl: 5, cacheSize: 10, cacheMaxTTL: time.Minute, cacheMaxNeg: time.Minute, health: healthAddr}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, f, quiet()) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "/healthz", func() bool {
+		r, err := http.Get("http://" + healthAddr + "/healthz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	r, err := http.Get("http://" + healthAddr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/readyz before any sync: %d", r.StatusCode)
+	}
+	c := &mdns.Client{Timeout: 5 * time.Second}
+	m := new(mdns.Msg)
+	m.SetQuestion("nope.default.svc.cluster.local.", mdns.TypeA)
+	resp, _, err := c.Exchange(m, dnsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Rcode != mdns.RcodeServerFailure {
+		t.Errorf("zone name before the first sync: %s, want SERVFAIL", mdns.RcodeToString[resp.Rcode])
+	}
+}
