@@ -11,6 +11,7 @@ import (
 	"time"
 
 	mdns "github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 )
@@ -42,18 +43,25 @@ type fakeUpstream struct {
 	addr    string
 	mode    atomic.Value
 	queries atomic.Int32
+	hold    chan struct{} // when not nil, answers wait for it to close
 }
 
-func startUpstream(t *testing.T, mode string) *fakeUpstream {
+func startUpstream(t *testing.T, mode string, hold ...chan struct{}) *fakeUpstream {
 	t.Helper()
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	u := &fakeUpstream{addr: pc.LocalAddr().String()}
+	if len(hold) > 0 {
+		u.hold = hold[0]
+	}
 	u.mode.Store(mode)
 	srv := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(w mdns.ResponseWriter, r *mdns.Msg) {
 		u.queries.Add(1)
+		if u.hold != nil {
+			<-u.hold
+		}
 		m := new(mdns.Msg)
 		m.SetReply(r)
 		switch u.mode.Load().(string) {
@@ -302,5 +310,62 @@ func TestSocketsBadInput(t *testing.T) {
 		if r := exchange(t, s.Addr(), "web.default.svc."+zone, mdns.TypeA, proto); len(r.Answer) != 1 {
 			t.Errorf("after garbage, over %s: %v", proto, r)
 		}
+	}
+}
+
+// TestForwardCoalesced: concurrent askers of one forwarded question share
+// one upstream exchange.
+func TestForwardCoalesced(t *testing.T) {
+	needNetns(t)
+	hold := make(chan struct{})
+	up := startUpstream(t, "answer", hold)
+	fwd, _ := NewForwarder([]string{up.addr})
+	fwd.AttemptTimeout = 10 * time.Second
+	s, x := newTestServer(t, false, fwd)
+	reg := prometheus.NewRegistry()
+	s.h.Metrics = NewMetrics(reg, x, nil, nil)
+	misses := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "weft_dns_cache_misses_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	if err := s.Listen("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	t.Cleanup(s.Close)
+	const n = 8
+	replies := make(chan *mdns.Msg, n)
+	for range n {
+		go func() {
+			c := &mdns.Client{Net: "tcp", Timeout: 20 * time.Second}
+			r, _, _ := c.Exchange(q("same.example.", mdns.TypeA), s.Addr())
+			replies <- r
+		}()
+	}
+	// Wait until every asker missed the cache (so none can be answered
+	// from it) while the upstream holds its answer back.
+	deadline := time.Now().Add(10 * time.Second)
+	for misses() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %v of %d askers reached the forwarder", misses(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(hold)
+	for range n {
+		if r := <-replies; r == nil || len(r.Answer) != 1 {
+			t.Fatalf("reply: %v", r)
+		}
+	}
+	if got := up.queries.Load(); got != 1 {
+		t.Errorf("upstream asked %d times for one question, want 1", got)
 	}
 }

@@ -3,6 +3,7 @@ package dns
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
 	mdns "github.com/miekg/dns"
@@ -21,6 +22,17 @@ type Handler struct {
 	Metrics *Metrics   // nil: no metrics
 	// ForwardTimeout bounds one forwarded query (default 5s).
 	ForwardTimeout time.Duration
+
+	mu      sync.Mutex
+	flights map[cacheKey]*flight // forwarded questions in progress
+}
+
+// flight is one upstream exchange that concurrent askers of the same
+// question wait for, instead of each sending their own.
+type flight struct {
+	done chan struct{}
+	msg  *mdns.Msg
+	err  error
 }
 
 // Resolve answers req. For UDP the reply is truncated (TC) to what the
@@ -194,6 +206,37 @@ func (h *Handler) lookupUpstream(ctx context.Context, q mdns.Question, name stri
 	if h.Forward == nil {
 		return nil, errNoUpstream
 	}
+	h.mu.Lock()
+	if f := h.flights[key]; f != nil {
+		h.mu.Unlock()
+		select {
+		case <-f.done:
+			if f.err != nil {
+				return nil, f.err
+			}
+			return f.msg.Copy(), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	if h.flights == nil {
+		h.flights = map[cacheKey]*flight{}
+	}
+	h.flights[key] = f
+	h.mu.Unlock()
+	f.msg, f.err = h.exchange(ctx, q, key, do)
+	h.mu.Lock()
+	delete(h.flights, key)
+	h.mu.Unlock()
+	close(f.done)
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.msg.Copy(), nil
+}
+
+func (h *Handler) exchange(ctx context.Context, q mdns.Question, key cacheKey, do bool) (*mdns.Msg, error) {
 	to := h.ForwardTimeout
 	if to == 0 {
 		to = 5 * time.Second
