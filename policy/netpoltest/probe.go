@@ -28,6 +28,14 @@ var ProbeTimeout = 300 * time.Millisecond
 // packets: a TCP connection that is accepted, or a UDP datagram that is
 // echoed back, from the source pod's namespace to the destination pod.
 func Probe(ctx context.Context, pods map[string]Target, like oracle.Matrix) oracle.Matrix {
+	return probe(ctx, pods, like, nil)
+}
+
+// probe measures like's cells; a cell that want expects allowed gets up to
+// allowedAttempts tries (a loaded machine may miss one ProbeTimeout, but a
+// denied flow never connects, so retrying cannot turn a deny into an allow
+// wrongly).
+func probe(ctx context.Context, pods map[string]Target, like oracle.Matrix, want *oracle.Matrix) oracle.Matrix {
 	got := oracle.NewMatrix(like.Pods, like.Ports, like.Protos)
 	var mu sync.Mutex
 	work := make(chan oracle.Case)
@@ -37,7 +45,16 @@ func Probe(ctx context.Context, pods map[string]Target, like oracle.Matrix) orac
 		go func() {
 			defer wg.Done()
 			for c := range work {
-				ok := probeOne(ctx, pods[c.From], pods[c.To], c)
+				tries := 1
+				if want != nil && want.Cells[c] {
+					tries = allowedAttempts
+				}
+				ok := false
+				for range tries {
+					if ok = probeOne(ctx, pods[c.From], pods[c.To], c); ok {
+						break
+					}
+				}
 				mu.Lock()
 				got.Cells[c] = ok
 				mu.Unlock()
@@ -75,11 +92,13 @@ func probeOne(ctx context.Context, from, to Target, c oracle.Case) bool {
 	return err == nil && n > 0
 }
 
+const allowedAttempts = 3
+
 // WaitMatch probes until the measured grid equals want or the deadline
 // passes, and returns the last measurement.
 func WaitMatch(deadline time.Time, pods map[string]Target, want oracle.Matrix) (oracle.Matrix, error) {
 	for {
-		got := Probe(context.Background(), pods, want)
+		got := probe(context.Background(), pods, want, &want)
 		if len(want.Diff(got)) == 0 {
 			return got, nil
 		}
