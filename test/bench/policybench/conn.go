@@ -111,6 +111,7 @@ func (b *connBed) rate(n int) (float64, error) {
 			if err != nil {
 				return fmt.Errorf("connection %d: %w", i, err)
 			}
+			_ = c.(*net.TCPConn).SetLinger(0) // reset: no TIME_WAIT to exhaust the ports
 			c.Close()
 		}
 		elapsed = time.Since(t0)

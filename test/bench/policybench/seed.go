@@ -86,15 +86,21 @@ func scalePolicies(n int) []*networkingv1.NetworkPolicy {
 
 // serverPolicies are n policies all selecting the bench server: n-1 allow
 // other peers (each its own selector), the last (by name) allows the client.
-func serverPolicies(n int) []*networkingv1.NetworkPolicy {
+// With distinctPorts each of the n-1 uses its own port (1000+k), so their
+// rules cannot share a set: the worst case, one rule per policy.
+func serverPolicies(n int, distinctPorts bool) []*networkingv1.NetworkPolicy {
 	var out []*networkingv1.NetworkPolicy
 	server := map[string]string{"role": "server"}
 	for k := range n - 1 {
 		peer := networkingv1.NetworkPolicyPeer{
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"name": fmt.Sprintf("ns-%02d", k%namespaces)}},
-			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%02d", (k/namespaces)%apps)}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprint(k % 3)}},
 		}
-		out = append(out, nt.Policy(benchNS, fmt.Sprintf("other-%04d", k), server, nt.Ingress(nt.From(nt.Peers(peer), nt.Port(corev1.ProtocolTCP, 80)))))
+		port := int32(80)
+		if distinctPorts {
+			port = int32(1000 + k)
+		}
+		out = append(out, nt.Policy(benchNS, fmt.Sprintf("other-%04d", k), server, nt.Ingress(nt.From(nt.Peers(peer), nt.Port(corev1.ProtocolTCP, port)))))
 	}
 	out = append(out, nt.Policy(benchNS, "zz-client", server,
 		nt.Ingress(nt.From(nt.Peers(nt.PodPeer(map[string]string{"role": "client"})), nt.Port(corev1.ProtocolTCP, 80)))))
