@@ -2,8 +2,14 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net/netip"
+	"os/exec"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,12 +37,14 @@ type PolicyOptions struct {
 // kube.PolicyHandler), compiles them (policy.Compile), renders the node's
 // part (policy/iptables) and applies it, after every burst of changes.
 type PolicyController struct {
-	opts    PolicyOptions
-	applier polipt.Applier
-	metrics *policyMetrics
-	trigger chan struct{}
-	synced  chan struct{}
-	once    sync.Once
+	opts     PolicyOptions
+	applier  polipt.Applier // IPv4
+	applier6 polipt.Applier // IPv6, used once a local pod has an IPv6 address
+	v6       atomic.Bool
+	metrics  *policyMetrics
+	trigger  chan struct{}
+	synced   chan struct{}
+	once     sync.Once
 
 	mu       sync.Mutex
 	pods     map[string]*corev1.Pod
@@ -54,10 +62,11 @@ func NewPolicyController(o PolicyOptions) *PolicyController {
 	if o.Resync == 0 {
 		o.Resync = 30 * time.Second
 	}
-	c := &PolicyController{opts: o, trigger: make(chan struct{}, 1), synced: make(chan struct{}),
+	c := &PolicyController{opts: o, applier: polipt.Applier{Runner: polipt.Exec{}}, applier6: polipt.Applier{Family: 6, Runner: polipt.Exec{Family: 6}},
+		trigger: make(chan struct{}, 1), synced: make(chan struct{}),
 		pods: map[string]*corev1.Pod{}, nss: map[string]*corev1.Namespace{}, pols: map[string]*networkingv1.NetworkPolicy{},
 		rejected: map[string]string{}}
-	c.metrics = newPolicyMetrics(&c.applier)
+	c.metrics = newPolicyMetrics(c.drops)
 	return c
 }
 
@@ -130,6 +139,7 @@ func (c *PolicyController) Run(ctx context.Context) {
 		case <-c.trigger:
 		case <-tick.C:
 			c.applier.ForceFull() // read the kernel back: repairs drift
+			c.applier6.ForceFull()
 		}
 		start := time.Now()
 		err := c.sync()
@@ -174,7 +184,20 @@ func (c *PolicyController) sync() error {
 	for _, p := range d.Pods {
 		if p.Node == c.opts.NodeName {
 			local++
+			if slices.ContainsFunc(p.IPs, netip.Addr.Is6) {
+				c.v6.Store(true)
+			}
 		}
+	}
+	if c.v6.Load() { // from the first local IPv6 pod on, for good (so it also cleans up)
+		rs6 := polipt.Render(d, polipt.Config{NodeName: c.opts.NodeName, LogDrops: c.opts.LogDrops, Family: 6})
+		st6, err := c.applier6.Apply(rs6)
+		if err != nil {
+			return fmt.Errorf("ipv6: %w", err)
+		}
+		st.Sets, st.Chains = st.Sets+st6.Sets, st.Chains+st6.Chains
+		st.DeletedChains, st.DeletedSets = st.DeletedChains+st6.DeletedChains, st.DeletedSets+st6.DeletedSets
+		rs.Sets = append(rs.Sets, rs6.Sets...)
 	}
 	c.metrics.isolated.Set(float64(local))
 	c.metrics.sets.Set(float64(len(rs.Sets)))
@@ -208,5 +231,22 @@ func countPolicies(errs []*policy.FieldError) int {
 	return len(seen)
 }
 
-// Cleanup removes the policy chains, jumps and sets from the node.
-func (c *PolicyController) Cleanup() error { return c.applier.Cleanup() }
+// Cleanup removes the policy chains, jumps and sets from the node (both
+// families; ip6tables missing is no error when nothing was installed).
+func (c *PolicyController) Cleanup() error {
+	err := c.applier.Cleanup()
+	if _, lerr := exec.LookPath("ip6tables"); lerr == nil {
+		err = errors.Join(err, c.applier6.Cleanup())
+	}
+	return err
+}
+
+// drops sums the packets dropped by policy over both families.
+func (c *PolicyController) drops() (in, out uint64, err error) {
+	in, out, err = c.applier.Drops()
+	if err != nil || !c.v6.Load() {
+		return in, out, err
+	}
+	in6, out6, err := c.applier6.Drops()
+	return in + in6, out + out6, err
+}

@@ -4,8 +4,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	polipt "github.com/weftnet/weft/policy/iptables"
 )
 
 type policyMetrics struct {
@@ -17,7 +15,7 @@ type policyMetrics struct {
 	rejected prometheus.Gauge
 }
 
-func newPolicyMetrics(a *polipt.Applier) *policyMetrics {
+func newPolicyMetrics(drops func() (in, out uint64, err error)) *policyMetrics {
 	m := &policyMetrics{
 		registry: prometheus.NewRegistry(),
 		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -37,7 +35,7 @@ func newPolicyMetrics(a *polipt.Applier) *policyMetrics {
 			Name: "weft_policy_dropped_packets_total", Help: "Packets dropped by NetworkPolicy on this node.",
 			ConstLabels: prometheus.Labels{"direction": dir},
 		}, func() float64 {
-			in, out, err := a.Drops()
+			in, out, err := drops()
 			if err != nil {
 				return 0
 			}

@@ -22,8 +22,15 @@ type Runner interface {
 	FirstRule(chain string) (string, error) // rule 1 of a filter chain, "" if none
 }
 
-// Exec runs ipset, iptables-restore and iptables-save.
-type Exec struct{}
+// Exec runs ipset and the iptables tools of one family (ip6tables-* for 6).
+type Exec struct{ Family int }
+
+func (e Exec) tool(name string) string {
+	if e.Family == 6 {
+		return strings.Replace(name, "iptables", "ip6tables", 1)
+	}
+	return name
+}
 
 // IPSetRestore runs `ipset restore`.
 func (Exec) IPSetRestore(payload []byte) error {
@@ -45,24 +52,24 @@ func (Exec) IPSetNames() ([]string, error) {
 }
 
 // IPTablesRestore applies a payload without flushing what it does not name.
-func (Exec) IPTablesRestore(payload []byte) error {
-	cmd := exec.Command("iptables-restore", "--noflush", "-w", "5")
+func (e Exec) IPTablesRestore(payload []byte) error {
+	cmd := exec.Command(e.tool("iptables-restore"), "--noflush", "-w", "5")
 	cmd.Stdin = bytes.NewReader(payload)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore: %w: %s", err, bytes.TrimSpace(out))
+		return fmt.Errorf("%s: %w: %s", e.tool("iptables-restore"), err, bytes.TrimSpace(out))
 	}
 	return nil
 }
 
 // FirstRule prints rule 1 of a filter chain ("-A CHAIN ..." without the
 // prefix); "" when the chain is empty.
-func (Exec) FirstRule(chain string) (string, error) {
-	out, err := exec.Command("iptables", "-w", "5", "-t", "filter", "-S", chain, "1").CombinedOutput()
+func (e Exec) FirstRule(chain string) (string, error) {
+	out, err := exec.Command(e.tool("iptables"), "-w", "5", "-t", "filter", "-S", chain, "1").CombinedOutput()
 	if err != nil {
 		if strings.Contains(string(out), "Index of deletion too big") || strings.Contains(string(out), "Bad rule") {
 			return "", nil
 		}
-		return "", fmt.Errorf("iptables -S %s 1: %w: %s", chain, err, bytes.TrimSpace(out))
+		return "", fmt.Errorf("%s -S %s 1: %w: %s", e.tool("iptables"), chain, err, bytes.TrimSpace(out))
 	}
 	line := strings.TrimSpace(string(out))
 	_, rule, _ := strings.Cut(strings.TrimPrefix(line, "-A "+chain), " ")
@@ -73,20 +80,25 @@ func (Exec) FirstRule(chain string) (string, error) {
 }
 
 // IPTablesSave dumps the filter table with counters.
-func (Exec) IPTablesSave() ([]byte, error) {
-	out, err := exec.Command("iptables-save", "-c", "-t", "filter").Output()
+func (e Exec) IPTablesSave() ([]byte, error) {
+	out, err := exec.Command(e.tool("iptables-save"), "-c", "-t", "filter").Output()
 	if err != nil {
-		return nil, fmt.Errorf("iptables-save: %w", err)
+		return nil, fmt.Errorf("%s: %w", e.tool("iptables-save"), err)
 	}
 	return out, nil
 }
 
 // BridgeNetfilter is the sysctl that shows bridged (same-node) pod traffic
-// to iptables.
-const BridgeNetfilter = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+// to iptables; BridgeNetfilter6 to ip6tables.
+const (
+	BridgeNetfilter  = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+	BridgeNetfilter6 = "/proc/sys/net/bridge/bridge-nf-call-ip6tables"
+)
 
-// Applier keeps the node's policy state in line with rendered rulesets.
+// Applier keeps the node's policy state of one family in line with
+// rendered rulesets of that family.
 type Applier struct {
+	Family  int // 4 (default) or 6
 	Runner  Runner
 	chains  map[string][]string // applied chains
 	sets    map[string][]string // applied sets
@@ -102,8 +114,12 @@ type Stats struct{ Sets, Chains, DeletedChains, DeletedSets int }
 func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 	var st Stats
 	if a.Runner == nil {
-		a.Runner = Exec{}
+		a.Runner = Exec{Family: a.Family}
 	}
+	if rs.Family != familyNumber(a.Family) {
+		return st, fmt.Errorf("IPv%d ruleset given to the IPv%d applier", rs.Family, familyNumber(a.Family))
+	}
+	fam := familyOf(a.Family)
 	if err := a.Runner.EnsureBridgeNetfilter(); err != nil {
 		return st, err
 	}
@@ -118,12 +134,12 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 		if cur, ok := a.sets[s.Name]; ok && slices.Equal(cur, s.Members) {
 			continue
 		}
-		tmp := tempSetPrefix + strings.TrimPrefix(s.Name, SetPrefix)
-		fmt.Fprintf(&sb, "create %s %s family inet maxelem 1048576 -exist\nflush %s\n", tmp, s.Type, tmp)
+		tmp := fam.tempPrefix() + strings.TrimPrefix(s.Name, fam.setPrefix())
+		fmt.Fprintf(&sb, "create %s %s family %s maxelem 1048576 -exist\nflush %s\n", tmp, s.Type, fam.ipset(), tmp)
 		for _, m := range s.Members {
 			fmt.Fprintf(&sb, "add %s %s -exist\n", tmp, m)
 		}
-		fmt.Fprintf(&sb, "create %s %s family inet maxelem 1048576 -exist\nswap %s %s\ndestroy %s\n", s.Name, s.Type, tmp, s.Name, tmp)
+		fmt.Fprintf(&sb, "create %s %s family %s maxelem 1048576 -exist\nswap %s %s\ndestroy %s\n", s.Name, s.Type, fam.ipset(), tmp, s.Name, tmp)
 		st.Sets++
 	}
 	if sb.Len() > 0 {
@@ -198,7 +214,7 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 	}
 	sb.Reset()
 	for _, n := range names {
-		if (strings.HasPrefix(n, SetPrefix) || strings.HasPrefix(n, tempSetPrefix)) && !want[n] {
+		if (strings.HasPrefix(n, fam.setPrefix()) || strings.HasPrefix(n, fam.tempPrefix())) && !want[n] {
 			fmt.Fprintf(&sb, "destroy %s\n", n)
 			delete(a.sets, n)
 			st.DeletedSets++
@@ -250,7 +266,7 @@ func (a *Applier) ForceFull() { a.applied = false }
 // Cleanup removes every policy chain, jump and set.
 func (a *Applier) Cleanup() error {
 	if a.Runner == nil {
-		a.Runner = Exec{}
+		a.Runner = Exec{Family: a.Family}
 	}
 	a.applied = false
 	var errs []error
@@ -286,7 +302,7 @@ func (a *Applier) Cleanup() error {
 	} else {
 		var b strings.Builder
 		for _, n := range names {
-			if strings.HasPrefix(n, SetPrefix) || strings.HasPrefix(n, tempSetPrefix) {
+			if strings.HasPrefix(n, familyOf(a.Family).setPrefix()) || strings.HasPrefix(n, familyOf(a.Family).tempPrefix()) {
 				b.WriteString("destroy " + n + "\n")
 			}
 		}
@@ -302,7 +318,7 @@ func (a *Applier) Cleanup() error {
 // Drops reads the packets dropped by policy so far, per direction.
 func (a *Applier) Drops() (ingress, egress uint64, err error) {
 	if a.Runner == nil {
-		a.Runner = Exec{}
+		a.Runner = Exec{Family: a.Family}
 	}
 	saved, err := a.Runner.IPTablesSave()
 	if err != nil {
@@ -357,18 +373,29 @@ func parseSave(b []byte) saved {
 	return s
 }
 
-// EnsureBridgeNetfilter sets BridgeNetfilter to 1; it fails when bridge
-// netfilter is missing (same-node traffic would escape the policies).
-func (Exec) EnsureBridgeNetfilter() error {
-	cur, err := os.ReadFile(BridgeNetfilter)
+// EnsureBridgeNetfilter sets BridgeNetfilter (6) to 1; it fails when
+// bridge netfilter is missing (same-node traffic would escape the policies).
+func (e Exec) EnsureBridgeNetfilter() error {
+	path := BridgeNetfilter
+	if e.Family == 6 {
+		path = BridgeNetfilter6
+	}
+	cur, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("bridge netfilter unavailable (same-node pod traffic could not be filtered): %w", err)
 	}
 	if strings.TrimSpace(string(cur)) == "1" {
 		return nil
 	}
-	if err := os.WriteFile(BridgeNetfilter, []byte("1"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("enabling bridge netfilter: %w", err)
 	}
 	return nil
+}
+
+func familyNumber(n int) int {
+	if n == 6 {
+		return 6
+	}
+	return 4
 }

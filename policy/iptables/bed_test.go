@@ -10,6 +10,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	polipt "github.com/weftnet/weft/policy/iptables"
@@ -19,8 +21,9 @@ import (
 // bed is the netpol test bed on this (isolated) namespace as the node:
 // namespaces x and y on bridge weft0 (bridged traffic), z on weft1 (routed).
 type bed struct {
-	world   *nt.World
-	targets map[string]nt.Target
+	world    *nt.World
+	targets  map[string]nt.Target // IPv4
+	targets6 map[string]nt.Target // IPv6
 }
 
 const nodeName = "node1"
@@ -30,8 +33,10 @@ func newBed(t *testing.T) *bed {
 	if !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root to run in a private network namespace")
 	}
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
-		t.Fatal(err)
+	for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i, br := range []string{"weft0", "weft1"} {
 		l := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: br}}
@@ -39,34 +44,43 @@ func newBed(t *testing.T) *bed {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = netlink.LinkDel(l) })
-		addr, _ := netlink.ParseAddr(fmt.Sprintf("10.244.%d.1/24", i))
-		if err := netlink.AddrAdd(l, addr); err != nil {
-			t.Fatal(err)
+		for _, a := range []string{fmt.Sprintf("10.244.%d.1/24", i), fmt.Sprintf("fd00:10:244:%d::1/64", i)} {
+			addr, _ := netlink.ParseAddr(a)
+			addr.Flags = unix.IFA_F_NODAD
+			if err := netlink.AddrAdd(l, addr); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := netlink.LinkSetUp(l); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b := &bed{world: nt.NewWorld(), targets: map[string]nt.Target{}}
-	t.Cleanup(func() { _ = (&polipt.Applier{}).Cleanup() })
+	b := &bed{world: nt.NewWorld(), targets: map[string]nt.Target{}, targets6: map[string]nt.Target{}}
+	t.Cleanup(func() {
+		_ = (&polipt.Applier{}).Cleanup()
+		_ = (&polipt.Applier{Family: 6}).Cleanup()
+	})
 	for i, p := range b.world.Pods {
 		subnet := 0
 		if p.Namespace == "z" {
 			subnet = 1
 		}
 		ip := netip.AddrFrom4([4]byte{10, 244, byte(subnet), byte(10 + i)})
+		ip6 := netip.MustParseAddr(fmt.Sprintf("fd00:10:244:%d::%x", subnet, 10+i))
 		nt.SetIP(p, ip)
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip6.String()})
 		p.Spec.NodeName = nodeName
 		name := "pod-" + p.Namespace + "-" + p.Name
-		path := b.addPod(t, name, fmt.Sprintf("weft%d", subnet), ip, netip.AddrFrom4([4]byte{10, 244, byte(subnet), 1}))
+		path := b.addPod(t, name, fmt.Sprintf("weft%d", subnet), ip, ip6, subnet)
 		b.targets[p.Namespace+"/"+p.Name] = nt.Target{NSPath: path, IP: ip.String()}
+		b.targets6[p.Namespace+"/"+p.Name] = nt.Target{NSPath: path, IP: ip6.String()}
 	}
 	return b
 }
 
 // addPod makes a pod namespace wired to bridge br and serving TCP and UDP on
 // the bed's ports.
-func (b *bed) addPod(t *testing.T, name, br string, ip, gw netip.Addr) string {
+func (b *bed) addPod(t *testing.T, name, br string, ip, ip6 netip.Addr, subnet int) string {
 	t.Helper()
 	path, err := netnsutil.NewNamed(name)
 	if err != nil {
@@ -110,11 +124,18 @@ func (b *bed) addPod(t *testing.T, name, br string, ip, gw netip.Addr) string {
 		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
 			return err
 		}
+		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: ip6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
+			return err
+		}
 		if err := netlink.LinkSetUp(l); err != nil {
 			return err
 		}
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-			return err
+		gw := netip.AddrFrom4([4]byte{10, 244, byte(subnet), 1})
+		gw6 := netip.MustParseAddr(fmt.Sprintf("fd00:10:244:%d::1", subnet))
+		for _, g := range []netip.Addr{gw, gw6} {
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: g.AsSlice()}); err != nil {
+				return err
+			}
 		}
 		for _, port := range nt.Ports {
 			ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))

@@ -38,5 +38,8 @@
 // back only rule 1 of FORWARD and INPUT; ForceFull makes the next apply read
 // the whole table and rewrite every chain (the agent's periodic resync).
 //
-// Only IPv4 is enforced.
+// A ruleset and an Applier are per family (Config.Family, Applier.Family):
+// IPv6 uses ip6tables, its own set names (WEFT-POL6-*: ipset names are
+// shared by both families) and lets neighbour discovery through, which
+// policies do not cover (IPv4's ARP never meets iptables).
 package iptables

@@ -27,7 +27,54 @@ const (
 	podOutPrefix  = "WEFT-POL-E-"
 	SetPrefix     = "WEFT-POL-"
 	tempSetPrefix = "WEFT-POLT-"
+	// IPv6 sets share the kernel's one namespace of set names with IPv4's,
+	// so they have their own prefixes (neither starts with an IPv4 one).
+	setPrefix6     = "WEFT-POL6-"
+	tempSetPrefix6 = "WEFT-POL6T-"
 )
+
+// family is what differs between the IPv4 and the IPv6 rulesets.
+type family struct{ v6 bool }
+
+func familyOf(n int) family { return family{v6: n == 6} }
+
+func (f family) has(a netip.Addr) bool { return a.Is6() == f.v6 }
+
+func (f family) setPrefix() string {
+	if f.v6 {
+		return setPrefix6
+	}
+	return SetPrefix
+}
+
+func (f family) tempPrefix() string {
+	if f.v6 {
+		return tempSetPrefix6
+	}
+	return tempSetPrefix
+}
+
+func (f family) host(a netip.Addr) string {
+	if f.v6 {
+		return a.String() + "/128"
+	}
+	return a.String() + "/32"
+}
+
+func (f family) ipset() string {
+	if f.v6 {
+		return "inet6"
+	}
+	return "inet"
+}
+
+// everything is the whole address space as hash:net accepts it (no /0).
+func (f family) everything() []string {
+	if f.v6 {
+		return []string{"::/1", "8000::/1"}
+	}
+	return []string{"0.0.0.0/1", "128.0.0.0/1"}
+}
 
 // Config is what Render needs besides the compiled rules.
 type Config struct {
@@ -36,10 +83,13 @@ type Config struct {
 	LogDrops bool
 	// LogRate is the LOG limit (iptables --limit syntax), default 10/second.
 	LogRate string
+	// Family is 4 (the default) or 6.
+	Family int
 }
 
 // Ruleset is one node's policy state.
 type Ruleset struct {
+	Family int     // 4 or 6
 	Sets   []Set   // sorted by name
 	Chains []Chain // in dependency order: sets' users after the dispatchers
 	Jumps  []Jump
@@ -71,7 +121,11 @@ func Jumps() []Jump {
 
 // Render computes the node's ruleset.
 func Render(d policy.Desired, cfg Config) *Ruleset {
-	rs := &Ruleset{Jumps: Jumps()}
+	fam := familyOf(cfg.Family)
+	rs := &Ruleset{Family: 4, Jumps: Jumps()}
+	if fam.v6 {
+		rs.Family = 6
+	}
 	usedSets := map[string]policy.AddrSet{}
 	var ingress, egress []string
 	var podChains []Chain
@@ -79,24 +133,24 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 		if p.Node != cfg.NodeName {
 			continue
 		}
-		ips := v4(p.IPs)
+		ips := fam.only(p.IPs)
 		if len(ips) == 0 {
 			continue
 		}
 		if p.Ingress.Isolated {
 			name := hashName(podInPrefix, p.Key)
 			for _, ip := range ips {
-				ingress = append(ingress, fmt.Sprintf("-d %s/32 -m comment --comment %q -j %s", ip, p.Key+" ingress", name))
+				ingress = append(ingress, fmt.Sprintf("-d %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" ingress", name))
 			}
-			rules := podRules(p.Ingress.Rules, "src", d.Sets, usedSets)
+			rules := podRules(fam, p.Ingress.Rules, "src", d.Sets, usedSets)
 			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropIn)})
 		}
 		if p.Egress.Isolated {
 			name := hashName(podOutPrefix, p.Key)
 			for _, ip := range ips {
-				egress = append(egress, fmt.Sprintf("-s %s/32 -m comment --comment %q -j %s", ip, p.Key+" egress", name))
+				egress = append(egress, fmt.Sprintf("-s %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" egress", name))
 			}
-			rules := podRules(p.Egress.Rules, "dst", d.Sets, usedSets)
+			rules := podRules(fam, p.Egress.Rules, "dst", d.Sets, usedSets)
 			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropOut)})
 		}
 	}
@@ -106,7 +160,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		rs.Sets = append(rs.Sets, renderSet(SetName(id), usedSets[id]))
+		rs.Sets = append(rs.Sets, renderSet(fam, setName(fam, id), usedSets[id]))
 	}
 	sort.Slice(rs.Sets, func(i, j int) bool { return rs.Sets[i].Name < rs.Sets[j].Name })
 	rs.Chains = append(rs.Chains,
@@ -114,18 +168,20 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 		Chain{ChainDropOut, dropRules(cfg, "egress")},
 	)
 	rs.Chains = append(rs.Chains, podChains...)
+	// IPv6 neighbour discovery is how pods find each other on the bridge
+	// (IPv4's ARP never meets iptables); policies do not cover it.
+	var nd []string
+	if fam.v6 {
+		for _, typ := range []string{"router-solicitation", "router-advertisement", "neighbour-solicitation", "neighbour-advertisement", "redirect"} {
+			nd = append(nd, "-p ipv6-icmp -m icmp6 --icmpv6-type "+typ+" -j RETURN")
+		}
+	}
+	established := "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"
 	rs.Chains = append(rs.Chains,
 		Chain{ChainIngress, ingress},
 		Chain{ChainEgress, egress},
-		Chain{ChainForward, []string{
-			"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
-			"-j " + ChainEgress,
-			"-j " + ChainIngress,
-		}},
-		Chain{ChainInput, []string{
-			"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
-			"-j " + ChainEgress,
-		}},
+		Chain{ChainForward, slices.Concat([]string{established}, nd, []string{"-j " + ChainEgress, "-j " + ChainIngress})},
+		Chain{ChainInput, slices.Concat([]string{established}, nd, []string{"-j " + ChainEgress})},
 	)
 	return rs
 }
@@ -135,7 +191,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 // with their number: the pod-address sets of a group are matched through
 // one set (their union, shared by every pod with the same combination),
 // ipBlocks each through their own set.
-func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, used map[string]policy.AddrSet) []string {
+func podRules(fam family, rules []policy.Rule, dir string, sets map[string]policy.AddrSet, used map[string]policy.AddrSet) []string {
 	type group struct {
 		ports    []policy.PortRange
 		all      bool
@@ -167,7 +223,7 @@ func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, u
 				if !slices.Contains(g.netIDs, id) {
 					g.netIDs = append(g.netIDs, id)
 				}
-			case hasV4(s.Addrs) && !slices.Contains(g.addrIDs, id):
+			case slices.ContainsFunc(s.Addrs, fam.has) && !slices.Contains(g.addrIDs, id):
 				g.addrIDs = append(g.addrIDs, id)
 			}
 		}
@@ -198,11 +254,11 @@ func podRules(rules []policy.Rule, dir string, sets map[string]policy.AddrSet, u
 				} else {
 					used[id] = sets[id]
 				}
-				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", SetName(id), dir))
+				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", setName(fam, id), dir))
 			}
 			for _, id := range g.netIDs {
 				used[id] = sets[id]
-				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", SetName(id), dir))
+				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", setName(fam, id), dir))
 			}
 		}
 		ports := []string{""}
@@ -250,10 +306,10 @@ func dropRules(cfg Config, dir string) []string {
 	return append(out, fmt.Sprintf("-m comment --comment %q -j DROP", "weft policy "+dir+" drop"))
 }
 
-func renderSet(name string, s policy.AddrSet) Set {
+func renderSet(fam family, name string, s policy.AddrSet) Set {
 	out := Set{Name: name, Type: "hash:ip"}
 	if s.Kind == policy.SetAddrs {
-		for _, a := range v4(s.Addrs) {
+		for _, a := range fam.only(s.Addrs) {
 			out.Members = append(out.Members, a.String())
 		}
 		return out
@@ -261,15 +317,15 @@ func renderSet(name string, s policy.AddrSet) Set {
 	out.Type = "hash:net"
 	for _, n := range s.Nets {
 		switch {
-		case !n.Addr().Is4():
+		case !fam.has(n.Addr()):
 		case n.Bits() == 0: // hash:net has no /0: two halves
-			out.Members = append(out.Members, "0.0.0.0/1", "128.0.0.0/1")
+			out.Members = append(out.Members, fam.everything()...)
 		default:
 			out.Members = append(out.Members, netString(n))
 		}
 	}
 	for _, n := range s.Except {
-		if n.Addr().Is4() {
+		if fam.has(n.Addr()) {
 			out.Members = append(out.Members, netString(n)+" nomatch")
 		}
 	}
@@ -280,21 +336,19 @@ func renderSet(name string, s policy.AddrSet) Set {
 func netString(n netip.Prefix) string { return n.Masked().String() }
 
 // SetName is the ipset of a set ID.
-func SetName(id string) string { return hashName(SetPrefix, id) }
+func SetName(id string) string { return setName(family{}, id) }
+
+func setName(fam family, id string) string { return hashName(fam.setPrefix(), id) }
 
 func hashName(prefix, id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return prefix + base32.StdEncoding.EncodeToString(sum[:])[:16]
 }
 
-func hasV4(ips []netip.Addr) bool {
-	return slices.ContainsFunc(ips, netip.Addr.Is4)
-}
-
-func v4(ips []netip.Addr) []netip.Addr {
+func (f family) only(ips []netip.Addr) []netip.Addr {
 	var out []netip.Addr
 	for _, a := range ips {
-		if a.Is4() {
+		if f.has(a) {
 			out = append(out, a)
 		}
 	}
