@@ -90,3 +90,46 @@ func TestRenderBlocksAndPorts(t *testing.T) {
 		}
 	}
 }
+
+func TestRenderIPv6(t *testing.T) {
+	w := nt.Addressed()
+	for i, p := range w.Pods {
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: fmt.Sprintf("fd00::%x", 10+i)})
+	}
+	pols := []*networkingv1.NetworkPolicy{nt.Policy("x", "p", nil, nt.Ingress(nt.From(nt.Peers(nt.NSPeer(nil), nt.BlockPeer("::/0", "fd00::/120"), nt.BlockPeer("10.0.0.0/8")))))}
+	d := policy.Compile(policy.Input{Pods: w.Pods, Namespaces: w.Namespaces, Policies: pols})
+	v4, v6 := polipt.Render(d, polipt.Config{NodeName: "node1"}), polipt.Render(d, polipt.Config{NodeName: "node1", Family: 6})
+	names := map[string]bool{}
+	for _, s := range v4.Sets {
+		names[s.Name] = true
+		if !strings.HasPrefix(s.Name, "WEFT-POL-") {
+			t.Errorf("IPv4 set %s", s.Name)
+		}
+	}
+	members := map[string]string{}
+	for _, s := range v6.Sets {
+		if !strings.HasPrefix(s.Name, "WEFT-POL6-") || names[s.Name] {
+			t.Errorf("IPv6 set %s collides with the IPv4 ones", s.Name)
+		}
+		members[s.Type] += strings.Join(s.Members, ",") + ";"
+	}
+	if !strings.Contains(members["hash:net"], "::/1,8000::/1,fd00::/120 nomatch") || !strings.Contains(members["hash:ip"], "fd00::a") ||
+		strings.Contains(members["hash:ip"], "10.244.") {
+		t.Errorf("IPv6 set members %v", members)
+	}
+	var fwd, dispatch []string
+	for _, c := range v6.Chains {
+		switch c.Name {
+		case polipt.ChainForward:
+			fwd = c.Rules
+		case polipt.ChainIngress:
+			dispatch = c.Rules
+		}
+	}
+	if len(dispatch) != 3 || !strings.HasPrefix(dispatch[0], "-d fd00::a/128 ") {
+		t.Errorf("IPv6 dispatch %q", dispatch)
+	}
+	if !strings.Contains(strings.Join(fwd, "\n"), "neighbour-solicitation") {
+		t.Errorf("IPv6 FORWARD chain lacks neighbour discovery: %q", fwd)
+	}
+}
