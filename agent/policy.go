@@ -132,6 +132,7 @@ func (c *PolicyController) Run(ctx context.Context) {
 	}
 	tick := time.NewTicker(c.opts.Resync)
 	defer tick.Stop()
+	wait := c.opts.MinSyncPeriod
 	for {
 		select {
 		case <-ctx.Done():
@@ -146,12 +147,15 @@ func (c *PolicyController) Run(ctx context.Context) {
 		c.metrics.observe(time.Since(start), err)
 		if err != nil {
 			c.opts.Log.Error("network policy sync failed", "node", c.opts.NodeName, "err", err)
-			c.poke() // retry after the min period
+			c.poke() // retry, backing off up to 10 s while it keeps failing
+			wait = min(2*wait, 10*time.Second)
+		} else {
+			wait = c.opts.MinSyncPeriod
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(c.opts.MinSyncPeriod):
+		case <-time.After(wait):
 		}
 	}
 }
