@@ -125,14 +125,14 @@ func (a *Applier) Apply(rs *Ruleset, full bool) (Stats, error) {
 	for _, c := range rs.Chains {
 		want[chainKey(c.Table, c.Name)] = c
 	}
-	var kernel map[string]int
-	var haveJumps map[string]bool
+	kv := &kernelView{}
 	if st.Full {
 		var err error
-		if kernel, haveJumps, err = a.kernelState(); err != nil {
+		if kv, err = a.kernelState(); err != nil {
 			return st, err
 		}
 	}
+	kernel := kv.chains
 	var send []*Chain
 	for _, c := range rs.Chains {
 		k := chainKey(c.Table, c.Name)
@@ -160,10 +160,10 @@ func (a *Applier) Apply(rs *Ruleset, full bool) (Stats, error) {
 		}
 	}
 	st.Deleted = len(gone)
-	var jumps []Jump
+	var jumps []insert
 	for _, j := range rs.Jumps {
-		if st.Full && !haveJumps[chainKey(j.Table, j.Chain)+" "+j.Rule] {
-			jumps = append(jumps, j)
+		if st.Full && !kv.jumps[chainKey(j.Table, j.Chain)+" "+j.Rule] {
+			jumps = append(jumps, insert{j, kv.policyLead[chainKey(j.Table, j.Chain)] + 1})
 		}
 	}
 	if err := a.apply(rs, st.Full, send, sortedKeys(gone), jumps, &st); err != nil {
@@ -175,7 +175,7 @@ func (a *Applier) Apply(rs *Ruleset, full bool) (Stats, error) {
 }
 
 // apply sends the set changes and the chains, in order.
-func (a *Applier) apply(rs *Ruleset, full bool, send []*Chain, gone []string, jumps []Jump, st *Stats) error {
+func (a *Applier) apply(rs *Ruleset, full bool, send []*Chain, gone []string, jumps []insert, st *Stats) error {
 	set := HairpinSet(a.Family)
 	if full {
 		if err := a.Runner.IPSet(setPayload(set, a.Family, rs.Hairpin())); err != nil {
@@ -209,7 +209,7 @@ func (a *Applier) apply(rs *Ruleset, full bool, send []*Chain, gone []string, ju
 				del = append(del, name)
 			}
 		}
-		var js []Jump
+		var js []insert
 		for _, j := range jumps {
 			if j.Table == table {
 				js = append(js, j)
@@ -236,7 +236,7 @@ func (a *Applier) restore(st *Stats, payload []byte) error {
 
 // tablePayload renders one table's part of a restore: chains (declaring a
 // chain flushes it), deleted chains and jumps inserted into built-in ones.
-func tablePayload(table string, chains []*Chain, del []string, jumps []Jump) []byte {
+func tablePayload(table string, chains []*Chain, del []string, jumps []insert) []byte {
 	if len(chains)+len(del)+len(jumps) == 0 {
 		return nil
 	}
@@ -257,7 +257,7 @@ func tablePayload(table string, chains []*Chain, del []string, jumps []Jump) []b
 		fmt.Fprintf(&b, "-X %s\n", n)
 	}
 	for _, j := range jumps {
-		fmt.Fprintf(&b, "-I %s 1 %s\n", j.Chain, j.Rule)
+		fmt.Fprintf(&b, "-I %s %d %s\n", j.Chain, j.pos, j.Rule)
 	}
 	b.WriteString("COMMIT\n")
 	return b.Bytes()
@@ -348,15 +348,35 @@ func entries(op, set string, members []string) []byte {
 	return b.Bytes()
 }
 
-// kernelState lists the weft chains the kernel has, with their rule
-// counts, and the jumps present in built-in chains.
-func (a *Applier) kernelState() (chains map[string]int, jumps map[string]bool, err error) {
-	chains, jumps = map[string]int{}, map[string]bool{}
+// insert is a missing jump and the position it goes to in its chain.
+type insert struct {
+	Jump
+	pos int
+}
+
+// policyChainPrefix names weft-agent's NetworkPolicy chains. Their jumps
+// stay first in the built-in chains: the proxy's FORWARD chain accepts
+// service traffic, which must not bypass policy, so the proxy inserts its
+// own jumps below them.
+const policyChainPrefix = "WEFT-POL"
+
+// kernelView is what iptables-save shows of weft in one family.
+type kernelView struct {
+	chains     map[string]int  // weft chain -> rule count
+	jumps      map[string]bool // "table/chain rule" in built-in chains
+	policyLead map[string]int  // built-in chain -> leading policy jumps
+}
+
+// kernelState reads the weft chains the kernel has, with their rule
+// counts, and the rules of the built-in chains.
+func (a *Applier) kernelState() (*kernelView, error) {
+	kv := &kernelView{chains: map[string]int{}, jumps: map[string]bool{}, policyLead: map[string]int{}}
 	for _, table := range []string{TableNAT, TableFilter} {
 		out, err := a.Runner.Save(a.Family, table)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
+		leading := map[string]bool{} // chain -> still in its leading policy jumps
 		sc := bufio.NewScanner(bytes.NewReader(out))
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -364,29 +384,39 @@ func (a *Applier) kernelState() (chains map[string]int, jumps map[string]bool, e
 			if strings.HasPrefix(line, ":") {
 				name, _, _ := strings.Cut(line[1:], " ")
 				if owned(name) {
-					chains[chainKey(table, name)] += 0
+					kv.chains[chainKey(table, name)] += 0
 				}
+				leading[name] = true
 				continue
 			}
-			if rest, ok := strings.CutPrefix(line, "-A "); ok {
-				chain, rule, _ := strings.Cut(rest, " ")
-				if owned(chain) {
-					chains[chainKey(table, chain)]++
-				} else {
-					jumps[chainKey(table, chain)+" "+rule] = true
-				}
+			rest, ok := strings.CutPrefix(line, "-A ")
+			if !ok {
+				continue
+			}
+			chain, rule, _ := strings.Cut(rest, " ")
+			k := chainKey(table, chain)
+			if owned(chain) {
+				kv.chains[k]++
+				continue
+			}
+			kv.jumps[k+" "+rule] = true
+			if leading[chain] && strings.HasPrefix(jumpTarget(rule), policyChainPrefix) {
+				kv.policyLead[k]++
+			} else {
+				leading[chain] = false
 			}
 		}
 	}
-	return chains, jumps, nil
+	return kv, nil
 }
 
 // Cleanup removes the jumps and every chain weft's proxy owns in this family.
 func (a *Applier) Cleanup() error {
-	chains, jumps, err := a.kernelState()
+	kv, err := a.kernelState()
 	if err != nil {
 		return err
 	}
+	chains, jumps := kv.chains, kv.jumps
 	var b bytes.Buffer
 	for _, table := range []string{TableNAT, TableFilter} {
 		var names []string

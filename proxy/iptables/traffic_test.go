@@ -220,6 +220,38 @@ func TestChunkedSync(t *testing.T) {
 	}
 }
 
+// TestPolicyJumpsStayFirst: the proxy inserts its jumps below weft-agent's
+// NetworkPolicy jumps, so that service traffic the proxy's FORWARD chain
+// accepts has been through policy first.
+func TestPolicyJumpsStayFirst(t *testing.T) {
+	n := newNode(t, "a")
+	t.Cleanup(func() {
+		for _, args := range [][]string{{"-D", "FORWARD", "-j", "WEFT-POL-FORWARD"}, {"-D", "FORWARD", "-s", "198.51.100.3/32", "-j", "DROP"}, {"-X", "WEFT-POL-FORWARD"}} {
+			_ = exec.Command("iptables", args...).Run()
+		}
+		_ = n.backend.Cleanup()
+	})
+	for _, args := range [][]string{
+		{"-N", "WEFT-POL-FORWARD"}, {"-A", "FORWARD", "-s", "198.51.100.3/32", "-j", "DROP"},
+		{"-I", "FORWARD", "1", "-j", "WEFT-POL-FORWARD"},
+	} {
+		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables %v: %v %s", args, err, out)
+		}
+	}
+	n.svcs = []*corev1.Service{service("web", "10.96.0.10", nil)}
+	n.slices = []*discoveryv1.EndpointSlice{slice("web", n.local("a"))}
+	n.sync()
+	out, err := exec.Command("iptables", "-S", "FORWARD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := strings.Split(strings.TrimSpace(string(out)), "\n")[1:] // after "-P FORWARD ..."
+	if len(rules) < 4 || !strings.HasSuffix(rules[0], "-j WEFT-POL-FORWARD") || !strings.HasSuffix(rules[len(rules)-1], "-j DROP") {
+		t.Fatalf("FORWARD after a proxy sync, want the policy jump first and the foreign rule last:\n%s", out)
+	}
+}
+
 // TestForeignRulesSurvive: rules weft does not own survive syncs and cleanup.
 func TestForeignRulesSurvive(t *testing.T) {
 	n := newNode(t, "a")
