@@ -20,6 +20,7 @@ import (
 
 	"github.com/weftnet/weft/internal/cnitest"
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 // Both plugins serve the same pod range on a bridge of their own.
@@ -40,54 +41,50 @@ func main() {
 	rounds := flag.Int("rounds", 5, "parallel rounds per plugin")
 	flag.Parse()
 
-	code, reexeced, err := netnsutil.Isolate()
-	if err != nil {
-		fatal(err)
-	}
-	if reexeced {
-		os.Exit(code)
-	}
-	if *plugins != "" {
-		os.Setenv(cnitest.PathEnv, *plugins)
-	}
-	bin, err := cnitest.BinDir()
-	if err != nil {
-		fatal(err)
-	}
-	work, err := os.MkdirTemp("", "cnibench")
-	if err != nil {
-		fatal(err)
-	}
-	defer os.RemoveAll(work)
-	rt := cnitest.NewRuntime(bin, filepath.Join(work, "cache"))
+	benchlab.Main("cnibench", func(context.Context) error {
+		if *plugins != "" {
+			os.Setenv(cnitest.PathEnv, *plugins)
+		}
+		bin, err := cnitest.BinDir()
+		if err != nil {
+			return err
+		}
+		work, err := os.MkdirTemp("", "cnibench")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(work)
+		rt := cnitest.NewRuntime(bin, filepath.Join(work, "cache"))
 
-	subjects, err := subjects(work)
-	if err != nil {
-		fatal(err)
-	}
-	fmt.Printf("CNI ADD+DEL latency, %d sequential pairs and %d rounds of %d in parallel per plugin\n\n", *n, *rounds, *parallel)
-	b := &bench{rt: rt}
-	results := map[string]map[string][]sample{}
-	for _, s := range subjects {
-		results[s.name] = map[string][]sample{}
-		b.run(s, 5, 1) // warm-up: page cache, bridge creation
-	}
-	// Interleave in blocks so that machine noise hits both alike.
-	const block = 20
-	for done := 0; done < *n; done += block {
-		for _, s := range subjects {
-			results[s.name]["sequential"] = append(results[s.name]["sequential"], b.run(s, min(block, *n-done), 1)...)
+		subjects, err := subjects(work)
+		if err != nil {
+			return err
 		}
-	}
-	for r := 0; r < *rounds; r++ {
+		fmt.Printf("CNI ADD+DEL latency, %d sequential pairs and %d rounds of %d in parallel per plugin\n\n", *n, *rounds, *parallel)
+		b := &bench{rt: rt}
+		results := map[string]map[string][]sample{}
 		for _, s := range subjects {
-			results[s.name]["parallel"] = append(results[s.name]["parallel"], b.run(s, *parallel, *parallel)...)
+			results[s.name] = map[string][]sample{}
+			b.run(s, 5, 1) // warm-up: page cache, bridge creation
 		}
-	}
-	if b.err != nil {
-		fatal(b.err)
-	}
-	report(subjects, results)
+		// Interleave in blocks so that machine noise hits both alike.
+		const block = 20
+		for done := 0; done < *n; done += block {
+			for _, s := range subjects {
+				results[s.name]["sequential"] = append(results[s.name]["sequential"], b.run(s, min(block, *n-done), 1)...)
+			}
+		}
+		for r := 0; r < *rounds; r++ {
+			for _, s := range subjects {
+				results[s.name]["parallel"] = append(results[s.name]["parallel"], b.run(s, *parallel, *parallel)...)
+			}
+		}
+		if b.err != nil {
+			return b.err
+		}
+		report(subjects, results)
+		return nil
+	})
 }
 
 func subjects(work string) ([]subject, error) {
@@ -213,8 +210,3 @@ func quantile(d []sample, field func(sample) time.Duration, q float64) time.Dura
 }
 
 func round(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "cnibench:", err)
-	os.Exit(1)
-}

@@ -27,18 +27,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/weftnet/weft/internal/netnsutil"
-	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 type options struct {
@@ -64,95 +58,40 @@ func main() {
 	flag.Parse()
 	o.servers = strings.Split(servers, ",")
 
-	if !netnsutil.Isolated() {
-		forwardSignals()
-	}
-	code, reexeced, err := netnsutil.Isolate()
-	if err != nil {
-		fatal(err)
-	}
-	if reexeced {
-		os.Exit(code)
-	}
-	if o.bin, err = filepath.Abs(o.bin); err != nil {
-		fatal(err)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
-		fatal(err)
-	}
+	benchlab.Main("dnsbench", func(ctx context.Context) (err error) {
+		if o.bin, err = filepath.Abs(o.bin); err != nil {
+			return err
+		}
+		return run(ctx, o)
+	})
 }
 
 func run(ctx context.Context, o options) error {
-	for _, b := range []string{"weft-dns", "coredns", "kube-apiserver", "kube-controller-manager", "weftctl", "weft-agent"} {
-		if _, err := os.Stat(filepath.Join(o.bin, b)); err != nil {
-			return fmt.Errorf("%w (run `make build kube` and hack/build-coredns.sh first)", err)
-		}
-	}
 	if _, err := os.Stat("/usr/bin/dnsperf"); err != nil {
 		return fmt.Errorf("dnsperf missing (run `make deps`): %w", err)
 	}
-	dir, err := os.MkdirTemp("", "dnsbench")
-	if err != nil {
-		return err
-	}
 	begin := time.Now()
-	fmt.Printf("dnsbench: lab and logs in %s\n", dir)
+	l, err := benchlab.Up(ctx, "dnsbench", o.bin, "weft-dns", "coredns")
 	defer func() {
-		if pid, ok := lab.PID(dir, "node1-agent"); ok {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-		if err := lab.Down(dir); err != nil {
+		if err := l.Down(); err != nil {
 			fmt.Fprintln(os.Stderr, "dnsbench: lab down:", err)
 		}
 	}()
-	if err := lab.Up(ctx, lab.Options{Nodes: 1, Routing: "hostgw", Dir: dir, BinDir: o.bin, APIPort: lab.APIServerPort, Out: os.Stdout}); err != nil {
-		return err
-	}
-	// weft-agent's proxy would program every Service and take CPU from the
-	// server measured: pause it.
-	if pid, ok := lab.PID(dir, "node1-agent"); ok {
-		_ = syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	kc := filepath.Join(dir, "bench.kubeconfig")
-	admin, err := os.ReadFile(lab.AdminKubeconfig(dir))
 	if err != nil {
 		return err
 	}
-	inLab := fmt.Sprintf("https://%s:%d", lab.ControlIP, lab.APIServerPort)
-	if err := os.WriteFile(kc, []byte(strings.Replace(string(admin), fmt.Sprintf("https://127.0.0.1:%d", lab.APIServerPort), inLab, 1)), 0o600); err != nil {
-		return err
-	}
-	cfg, err := lab.RESTConfig(lab.AdminKubeconfig(dir))
-	if err != nil {
-		return err
-	}
-	cfg.QPS, cfg.Burst = 500, 1000
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
+	dir, client := l.Dir, l.Client
+	fmt.Printf("dnsbench: lab and logs in %s\n", dir)
 	t := time.Now()
 	if err := seed(ctx, client, o.services); err != nil {
 		return err
 	}
-	fmt.Printf("\n== %d Services: seeded in %.1fs (%d workers)\n", o.services, time.Since(t).Seconds(), seedWorkers)
+	fmt.Printf("\n== %d Services: seeded in %.1fs (%d workers)\n", o.services, time.Since(t).Seconds(), benchlab.Workers)
 	queries := filepath.Join(dir, "queries.txt")
 	if err := writeQueries(queries, o.services); err != nil {
 		return err
 	}
-	var node lab.Member
-	st, err := lab.Load(dir)
-	if err != nil {
-		return err
-	}
-	for _, m := range st.Members {
-		if m.Name == "node1" {
-			node = m
-		}
-	}
-	e := &env{o: o, dir: dir, kc: kc, ns: node.NSPath(), queries: queries}
+	e := &env{o: o, dir: dir, kc: l.Kubeconfig, ns: l.Node.NSPath(), queries: queries}
 	res := map[string]result{}
 	for _, s := range subjects() {
 		if !slices.Contains(o.servers, s.name) {
@@ -170,29 +109,4 @@ func run(ctx context.Context, o options) error {
 	report(o, res)
 	fmt.Printf("\ndnsbench: total %.0fs\n", time.Since(begin).Seconds())
 	return nil
-}
-
-// forwardSignals runs in the parent of Isolate: it survives SIGINT/SIGTERM
-// and passes them on to the isolated child, which then removes the lab.
-func forwardSignals() {
-	ch := make(chan os.Signal, 4)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		for sig := range ch {
-			tasks, _ := filepath.Glob("/proc/self/task/*/children")
-			for _, t := range tasks {
-				b, _ := os.ReadFile(t)
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil {
-						_ = syscall.Kill(pid, sig.(syscall.Signal))
-					}
-				}
-			}
-		}
-	}()
-}
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "dnsbench:", err)
-	os.Exit(1)
 }

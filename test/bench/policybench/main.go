@@ -26,13 +26,12 @@
 package main
 
 import (
+	"context"
 	"flag"
-	"fmt"
-	"os"
 	"slices"
 	"time"
 
-	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 func main() {
@@ -41,21 +40,7 @@ func main() {
 	conns := flag.Int("conns", 3000, "TCP connections per rate measurement")
 	runs := flag.Int("runs", 5, "repetitions (medians are reported)")
 	flag.Parse()
-	code, reexeced, err := netnsutil.Isolate()
-	if err != nil {
-		fatal(err)
-	}
-	if reexeced {
-		os.Exit(code)
-	}
-	if err := run(*nPol, *nPods, *conns, *runs); err != nil {
-		fatal(err)
-	}
-}
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "policybench:", err)
-	os.Exit(1)
+	benchlab.Main("policybench", func(context.Context) error { return run(*nPol, *nPods, *conns, *runs) })
 }
 
 func median(d []time.Duration) time.Duration {

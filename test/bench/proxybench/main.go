@@ -36,16 +36,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/weftnet/weft/internal/netnsutil"
-	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 func main() {
@@ -56,93 +53,47 @@ func main() {
 	bin := flag.String("bin", "bin", "directory with weft-proxy, kube-proxy, kube-apiserver, kube-controller-manager, weftctl, weft-agent")
 	flag.Parse()
 
-	if !netnsutil.Isolated() {
-		forwardSignals()
-	}
-	code, reexeced, err := netnsutil.Isolate()
-	if err != nil {
-		fatal(err)
-	}
-	if reexeced {
-		os.Exit(code)
-	}
-	var ns []int
-	for _, s := range strings.Split(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			fatal(fmt.Errorf("-services: bad size %q", s))
+	benchlab.Main("proxybench", func(ctx context.Context) error {
+		var ns []int
+		for _, s := range strings.Split(*sizes, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 1 {
+				return fmt.Errorf("-services: bad size %q", s)
+			}
+			ns = append(ns, n)
 		}
-		ns = append(ns, n)
-	}
-	slices.Sort(ns)
-	binDir, err := filepath.Abs(*bin)
-	if err != nil {
-		fatal(err)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var subs []subject
-	for _, s := range subjects() {
-		if slices.Contains(strings.Split(*proxies, ","), s.name) {
-			subs = append(subs, s)
+		slices.Sort(ns)
+		binDir, err := filepath.Abs(*bin)
+		if err != nil {
+			return err
 		}
-	}
-	if err := run(ctx, binDir, ns, subs, *perSvc, *timeout); err != nil {
-		fatal(err)
-	}
+		var subs []subject
+		for _, s := range subjects() {
+			if slices.Contains(strings.Split(*proxies, ","), s.name) {
+				subs = append(subs, s)
+			}
+		}
+		return run(ctx, binDir, ns, subs, *perSvc, *timeout)
+	})
 }
 
 func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc int, timeout time.Duration) error {
-	for _, b := range []string{"weft-proxy", "kube-proxy", "kube-apiserver", "kube-controller-manager", "weftctl", "weft-agent"} {
-		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
-			return fmt.Errorf("%w (run `make build kube` first)", err)
-		}
-	}
-	dir, err := os.MkdirTemp("", "proxybench")
-	if err != nil {
-		return err
-	}
 	logDir, err := os.MkdirTemp("", "proxybench-logs")
 	if err != nil {
 		return err
 	}
 	begin := time.Now()
-	fmt.Printf("proxybench: lab in %s, proxy logs in %s\n", dir, logDir)
+	l, err := benchlab.Up(ctx, "proxybench", binDir, "weft-proxy", "kube-proxy")
 	defer func() {
-		if pid, ok := lab.PID(dir, "node1-agent"); ok {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-		if err := lab.Down(dir); err != nil {
+		if err := l.Down(); err != nil {
 			fmt.Fprintln(os.Stderr, "proxybench: lab down:", err)
 		}
 	}()
-	if err := lab.Up(ctx, lab.Options{Nodes: 1, Routing: "hostgw", Dir: dir, BinDir: binDir, APIPort: lab.APIServerPort, Out: os.Stdout}); err != nil {
-		return err
-	}
-	// The lab's node runs weft-agent, whose own proxy would program every
-	// Service too and take CPU from the proxy being measured: pause it.
-	if pid, ok := lab.PID(dir, "node1-agent"); ok {
-		_ = syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	// The proxies reach the API server over the underlay, as the admin.
-	kc := filepath.Join(dir, "bench.kubeconfig")
-	admin, err := os.ReadFile(lab.AdminKubeconfig(dir))
 	if err != nil {
 		return err
 	}
-	inLab := fmt.Sprintf("https://%s:%d", lab.ControlIP, lab.APIServerPort)
-	if err := os.WriteFile(kc, []byte(strings.Replace(string(admin), fmt.Sprintf("https://127.0.0.1:%d", lab.APIServerPort), inLab, 1)), 0o600); err != nil {
-		return err
-	}
-	cfg, err := lab.RESTConfig(lab.AdminKubeconfig(dir))
-	if err != nil {
-		return err
-	}
-	cfg.QPS, cfg.Burst = 500, 1000
-	client, err := kubernetesClient(cfg)
-	if err != nil {
-		return err
-	}
+	fmt.Printf("proxybench: lab in %s, proxy logs in %s\n", l.Dir, logDir)
+	client, kc := l.Client, l.Kubeconfig
 	if err := ensureNode(ctx, client, nodeName, nodeIP); err != nil {
 		return err
 	}
@@ -161,7 +112,7 @@ func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc
 			return err
 		}
 		fmt.Printf("\n== %d Services × %d endpoints: seeded %d Services + EndpointSlices in %.1fs (%d workers, QPS 500)\n",
-			size, perSvc, size-seededBefore(sizes, size), seedTime.Seconds(), seedWorkers)
+			size, perSvc, size-seededBefore(sizes, size), seedTime.Seconds(), benchlab.Workers)
 		res := map[string]result{}
 		for _, s := range subs {
 			t := time.Now()
@@ -193,29 +144,4 @@ func seededBefore(sizes []int, size int) int {
 		}
 	}
 	return prev
-}
-
-// forwardSignals runs in the parent of Isolate: it survives SIGINT/SIGTERM
-// and passes them on to the isolated child, which then removes the lab.
-func forwardSignals() {
-	ch := make(chan os.Signal, 4)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		for sig := range ch {
-			tasks, _ := filepath.Glob("/proc/self/task/*/children")
-			for _, t := range tasks {
-				b, _ := os.ReadFile(t)
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil {
-						_ = syscall.Kill(pid, sig.(syscall.Signal))
-					}
-				}
-			}
-		}
-	}()
-}
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "proxybench:", err)
-	os.Exit(1)
 }

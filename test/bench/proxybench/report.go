@@ -5,14 +5,7 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 )
-
-func kubernetesClient(cfg *rest.Config) (kubernetes.Interface, error) {
-	return kubernetes.NewForConfig(cfg)
-}
 
 func median(ds []time.Duration) (time.Duration, bool) {
 	if len(ds) == 0 {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -14,12 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 const (
 	benchNS        = "proxybench"
 	endpointPort   = 8080
-	seedWorkers    = 32
 	changedIPOctet = 255 // 10.244.255.x: only ever written by a change
 )
 
@@ -40,35 +39,15 @@ func seedIP(i, j, perSvc int) string {
 // (so the EndpointSlice controller leaves it alone) with a hand-made
 // EndpointSlice of perSvc ready endpoints.
 func seed(ctx context.Context, c kubernetes.Interface, from, to, perSvc int) error {
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNS}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := benchlab.EnsureNamespace(ctx, c, benchNS); err != nil {
 		return err
 	}
-	var next atomic.Int64
-	next.Store(int64(from))
-	errs := make(chan error, seedWorkers)
-	var wg sync.WaitGroup
-	for w := 0; w < seedWorkers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= to {
-					return
-				}
-				if err := seedOne(ctx, c, i, perSvc); err != nil {
-					errs <- fmt.Errorf("seeding %s: %w", svcName(i), err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return err
-	}
-	return ctx.Err()
+	return benchlab.Parallel(ctx, from, to, func(i int) error {
+		if err := seedOne(ctx, c, i, perSvc); err != nil {
+			return fmt.Errorf("seeding %s: %w", svcName(i), err)
+		}
+		return nil
+	})
 }
 
 func seedOne(ctx context.Context, c kubernetes.Interface, i, perSvc int) error {

@@ -1,0 +1,181 @@
+// Package benchlab is what the lab benchmarks (proxybench, dnsbench) share:
+// running in a private network namespace, a one-node lab whose own agent
+// is paused, an API client and kubeconfig for the measured processes, and
+// parallel seeding of API objects.
+package benchlab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+)
+
+// Main runs body in a private network and mount namespace
+// (netnsutil.Isolate), with a context that SIGINT and SIGTERM cancel: the
+// parent passes the signals on to the isolated child, which can then remove
+// its lab. An error is printed after prog's name and exits 1.
+func Main(prog string, body func(ctx context.Context) error) {
+	if !netnsutil.Isolated() {
+		forwardSignals()
+	}
+	code, reexeced, err := netnsutil.Isolate()
+	if err == nil && reexeced {
+		os.Exit(code)
+	}
+	if err == nil {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err = body(ctx)
+		stop()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", prog, err)
+		os.Exit(1)
+	}
+}
+
+// forwardSignals passes SIGINT/SIGTERM received by this process (the
+// parent of Isolate) on to its children.
+func forwardSignals() {
+	ch := make(chan os.Signal, 4)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		for sig := range ch {
+			tasks, _ := filepath.Glob("/proc/self/task/*/children")
+			for _, t := range tasks {
+				b, _ := os.ReadFile(t)
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = syscall.Kill(pid, sig.(syscall.Signal))
+					}
+				}
+			}
+		}
+	}()
+}
+
+// Lab is a one-node lab whose weft-agent is paused, so that its own proxy
+// neither programs the benchmark's Services nor takes CPU from the process
+// measured.
+type Lab struct {
+	Dir string
+	// Kubeconfig is the admin's, addressing the API server over the
+	// underlay: usable by processes in the node's namespace.
+	Kubeconfig string
+	// Client talks to the API server from this process (QPS 500).
+	Client kubernetes.Interface
+	Node   lab.Member
+}
+
+// Up checks that binDir holds need (besides the lab's own binaries) and
+// starts the lab in a new directory. Call Down when done, also after an
+// error.
+func Up(ctx context.Context, prog, binDir string, need ...string) (*Lab, error) {
+	for _, b := range append(need, "kube-apiserver", "kube-controller-manager", "weftctl", "weft-agent") {
+		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
+			return nil, fmt.Errorf("%w (run `make build kube` first)", err)
+		}
+	}
+	dir, err := os.MkdirTemp("", prog)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lab{Dir: dir}
+	if err := lab.Up(ctx, lab.Options{Nodes: 1, Routing: "hostgw", Dir: dir, BinDir: binDir, APIPort: lab.APIServerPort, Out: os.Stdout}); err != nil {
+		return l, err
+	}
+	if pid, ok := lab.PID(dir, "node1-agent"); ok {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	l.Kubeconfig = filepath.Join(dir, "bench.kubeconfig")
+	admin, err := os.ReadFile(lab.AdminKubeconfig(dir))
+	if err != nil {
+		return l, err
+	}
+	inLab := fmt.Sprintf("https://%s:%d", lab.ControlIP, lab.APIServerPort)
+	if err := os.WriteFile(l.Kubeconfig, []byte(strings.Replace(string(admin), fmt.Sprintf("https://127.0.0.1:%d", lab.APIServerPort), inLab, 1)), 0o600); err != nil {
+		return l, err
+	}
+	cfg, err := lab.RESTConfig(lab.AdminKubeconfig(dir))
+	if err != nil {
+		return l, err
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+	if l.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return l, err
+	}
+	st, err := lab.Load(dir)
+	if err != nil {
+		return l, err
+	}
+	for _, m := range lab.NodeMembers(st.Members) {
+		l.Node = m
+	}
+	return l, nil
+}
+
+// Down resumes the agent (so it can stop) and removes the lab.
+func (l *Lab) Down() error {
+	if l == nil {
+		return nil
+	}
+	if pid, ok := lab.PID(l.Dir, "node1-agent"); ok {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}
+	return lab.Down(l.Dir)
+}
+
+// EnsureNamespace creates namespace ns unless it exists.
+func EnsureNamespace(ctx context.Context, c kubernetes.Interface, ns string) error {
+	_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// Workers is how many objects Parallel creates at a time.
+const Workers = 32
+
+// Parallel calls create(i) for i in [from, to) from Workers goroutines and
+// returns the first error (or ctx's).
+func Parallel(ctx context.Context, from, to int, create func(i int) error) error {
+	var next atomic.Int64
+	next.Store(int64(from))
+	errs := make(chan error, Workers)
+	var wg sync.WaitGroup
+	for range Workers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= to {
+					return
+				}
+				if err := create(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	return ctx.Err()
+}
