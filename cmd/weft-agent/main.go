@@ -9,8 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -23,6 +21,7 @@ import (
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/buildinfo"
 	"github.com/weftnet/weft/internal/cliflag"
+	"github.com/weftnet/weft/internal/httpserve"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/routing"
@@ -127,10 +126,8 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		}
 		return errors.Join(errs...)
 	}
-	ln, err := net.Listen("tcp", f.healthz)
-	if err != nil {
-		return fmt.Errorf("--healthz-addr: %w", err)
-	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	var extra []*prometheus.Registry
 	if p != nil {
 		extra = append(extra, p.Metrics().Registry)
@@ -138,9 +135,9 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if f.networkPolicy {
 		extra = append(extra, pc.Registry())
 	}
-	go func() { _ = http.Serve(ln, a.Handler(extra...)) }()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	if err := httpserve.Serve(ctx, "--healthz-addr", f.healthz, a.Handler(extra...)); err != nil {
+		return err
+	}
 	log.Info("weft-agent starting", "node", node, "routing", mode, "proxy", px.mode, "networkPolicy", f.networkPolicy, "version", buildinfo.Version)
 	if f.networkPolicy {
 		go pc.Run(ctx)

@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/weftnet/weft/dns"
 	"github.com/weftnet/weft/internal/buildinfo"
+	"github.com/weftnet/weft/internal/httpserve"
 	"github.com/weftnet/weft/kube"
 )
 
@@ -120,11 +120,11 @@ func run(ctx context.Context, f flags, log *slog.Logger) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := serveHTTP(ctx, f.metrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})); err != nil {
-		return fmt.Errorf("--metrics-addr: %w", err)
+	if err := httpserve.Serve(ctx, "--metrics-addr", f.metrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})); err != nil {
+		return err
 	}
-	if err := serveHTTP(ctx, f.health, health(x)); err != nil {
-		return fmt.Errorf("--health-addr: %w", err)
+	if err := httpserve.Serve(ctx, "--health-addr", f.health, health(x)); err != nil {
+		return err
 	}
 	errc := make(chan error, 2)
 	if f.manifests != "" {
@@ -181,18 +181,4 @@ func health(x *dns.Index) http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
-}
-
-func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
-	if addr == "" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	go func() { <-ctx.Done(); _ = srv.Close() }()
-	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/weftnet/weft/internal/buildinfo"
 	"github.com/weftnet/weft/internal/cliflag"
+	"github.com/weftnet/weft/internal/httpserve"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/proxy/iptables"
@@ -108,11 +108,11 @@ func run(f flags, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- source(ctx) }()
 	if !f.dryRun {
-		if err := serve(f.healthz, healthHandler(p)); err != nil {
+		if err := httpserve.Serve(ctx, "--healthz-addr", f.healthz, healthHandler(p)); err != nil {
 			return err
 		}
 		p.Metrics().Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		if err := serve(f.metrics, p.Metrics().Handler()); err != nil {
+		if err := httpserve.Serve(ctx, "--metrics-addr", f.metrics, p.Metrics().Handler()); err != nil {
 			return err
 		}
 	}
@@ -141,18 +141,6 @@ func (d printer) Sync(st model.State, _ bool) error {
 }
 
 func (printer) Cleanup() error { return nil }
-
-func serve(addr string, h http.Handler) error {
-	if addr == "" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	go func() { _ = http.Serve(ln, h) }()
-	return nil
-}
 
 // healthHandler answers /healthz like kube-proxy (200 once rules are
 // synced, with the last update time) and /livez (the process is alive).

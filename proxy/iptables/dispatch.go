@@ -37,36 +37,12 @@ func byName(a, b *portOut) int { return cmp.Compare(a.name, b.name) }
 // so a change inside a bucket rewrites that chain alone, however many
 // buckets there are.
 func (r *Renderer) dispatch(u *update) {
-	newBuckets := false
-	for b := range u.vips {
-		members := sortedMembers(r.vipMembers[b])
-		_, had := r.vipChains[b]
-		newBuckets = newBuckets || had != (len(members) > 0)
-		if len(members) == 0 {
-			delete(r.vipChains, b)
-			continue
-		}
-		var rules []string
-		for _, o := range members {
-			rules = append(rules, o.vips[b]...)
-		}
-		r.vipChains[b] = &Chain{Table: TableNAT, Name: hashName("WEFT-VIPS-", b.String()), Rules: rules, Fixed: true}
-	}
-	newPorts := false
-	for s := range u.nports {
-		members := sortedMembers(r.npMembers[s])
-		_, had := r.npChains[s]
-		newPorts = newPorts || had != (len(members) > 0)
-		if len(members) == 0 {
-			delete(r.npChains, s)
-			continue
-		}
-		var rules []string
-		for _, o := range members {
-			rules = append(rules, o.nports[s]...)
-		}
-		r.npChains[s] = &Chain{Table: TableNAT, Name: hashName("WEFT-NP-", fmt.Sprint(s)), Rules: rules, Fixed: true}
-	}
+	newBuckets := rebuildBuckets(u.vips, r.vipMembers, r.vipChains,
+		func(o *portOut, b netip.Prefix) []string { return o.vips[b] },
+		func(b netip.Prefix) string { return hashName("WEFT-VIPS-", b.String()) })
+	newPorts := rebuildBuckets(u.nports, r.npMembers, r.npChains,
+		func(o *portOut, s uint16) []string { return o.nports[s] },
+		func(s uint16) string { return hashName("WEFT-NP-", fmt.Sprint(s)) })
 	if r.services == nil || newBuckets {
 		var rules []string
 		for _, b := range sortedKeysFunc(r.vipChains, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) }) {
@@ -98,6 +74,29 @@ func (r *Renderer) dispatch(u *update) {
 	}
 }
 
+// rebuildBuckets rebuilds the chains of the touched buckets from their
+// member ports' rules (deleting emptied buckets) and reports whether a
+// bucket appeared or vanished.
+func rebuildBuckets[K comparable](touched map[K]bool, members map[K]map[*portOut]bool, chains map[K]*Chain,
+	rulesOf func(*portOut, K) []string, name func(K) string) bool {
+	changed := false
+	for k := range touched {
+		ports := sortedMembers(members[k])
+		_, had := chains[k]
+		changed = changed || had != (len(ports) > 0)
+		if len(ports) == 0 {
+			delete(chains, k)
+			continue
+		}
+		var rules []string
+		for _, o := range ports {
+			rules = append(rules, rulesOf(o, k)...)
+		}
+		chains[k] = &Chain{Table: TableNAT, Name: name(k), Rules: rules, Fixed: true}
+	}
+	return changed
+}
+
 func sortedMembers(m map[*portOut]bool) []*portOut {
 	out := make([]*portOut, 0, len(m))
 	for o := range m {
@@ -105,10 +104,4 @@ func sortedMembers(m map[*portOut]bool) []*portOut {
 	}
 	slices.SortFunc(out, byName)
 	return out
-}
-
-// addressed returns a content-addressed chain: its name hashes the prefix,
-// the identity and the rules.
-func addressed(table, prefix string, rules []string, identity ...string) *Chain {
-	return &Chain{Table: table, Name: hashName(prefix, append(identity, rules...)...), Rules: rules}
 }

@@ -112,6 +112,12 @@ func hashName(prefix string, parts ...string) string {
 	return prefix + base32.StdEncoding.EncodeToString(h.Sum(nil))[:16]
 }
 
+// addressed returns a content-addressed chain: its name hashes the prefix,
+// the identity and the rules.
+func addressed(table, prefix string, rules []string, identity ...string) *Chain {
+	return &Chain{Table: table, Name: hashName(prefix, append(identity, rules...)...), Rules: rules}
+}
+
 func familyOf(a netip.Addr) int {
 	if a.Is4() {
 		return 4

@@ -119,10 +119,11 @@ func (c *cluster) node(name string) lab.Member {
 	panic("no lab member " + name)
 }
 
-// mustCheck runs weftctl check's probes and fails on any failed row.
+// mustCheck runs weftctl check's probes and fails on any failed row or
+// on a kind of row it did not run.
 func (c *cluster) mustCheck(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	results, err := check.Run(ctx, c.state, c.client, false)
 	if err != nil {
@@ -136,7 +137,9 @@ func (c *cluster) mustCheck(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"pod to pod, same node", "pod to pod, other node", "node to pod", "pod to node", "pod to external (masqueraded)",
-		"pod to ClusterIP", "node to ClusterIP", "external to NodePort (SNAT)"} {
+		"pod to ClusterIP", "node to ClusterIP", "external to NodePort (SNAT)",
+		"policy: denied pod, same node", "policy: denied pod, other node", "policy: allowed pod, other node",
+		"policy: node to its isolated pod", "policy: deleted policy lifts isolation"} {
 		if kinds[k] == 0 {
 			t.Errorf("check ran no %q probe", k)
 		}

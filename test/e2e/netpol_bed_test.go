@@ -18,7 +18,6 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/check"
 	"github.com/weftnet/weft/lab/kubelet"
 	nt "github.com/weftnet/weft/policy/netpoltest"
 	"github.com/weftnet/weft/policy/oracle"
@@ -132,30 +131,6 @@ func (b *netpolBed) expect(t *testing.T, w *nt.World, pols []*networkingv1.Netwo
 		return false
 	}
 	return true
-}
-
-// checkPolicyRows runs weftctl check and requires its NetworkPolicy rows.
-func (c *cluster) checkPolicyRows(t *testing.T) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	results, err := check.Run(ctx, c.state, c.client, false)
-	if err != nil {
-		t.Fatalf("check: %v", err)
-	}
-	kinds := map[string]int{}
-	for _, r := range results {
-		kinds[r.Kind]++
-		if !r.OK {
-			t.Errorf("check %s %s -> %s: %s", r.Kind, r.From, r.To, r.Detail)
-		}
-	}
-	for _, k := range []string{"policy: denied pod, same node", "policy: denied pod, other node", "policy: allowed pod, other node",
-		"policy: node to its isolated pod", "policy: deleted policy lifts isolation"} {
-		if kinds[k] != 1 {
-			t.Errorf("check ran %d %q rows, want 1", kinds[k], k)
-		}
-	}
 }
 
 // droppedPackets sums weft_policy_dropped_packets_total over the nodes'

@@ -14,7 +14,7 @@ import (
 // equal the oracle's.
 func TestNetworkPolicy(t *testing.T) {
 	c := up(t, 3, "hostgw")
-	c.checkPolicyRows(t)
+	c.mustCheck(t)
 	b := newNetpolBed(t, c, 3)
 	if !b.expect(t, b.world, nil, "no policy") {
 		t.FailNow()
