@@ -17,25 +17,9 @@ BIN=$ROOT/bin
 STAMP=$BIN/.coredns-version
 GO=${GO:-go}
 
-export GOWORK=off CGO_ENABLED=0
-
-log=$(mktemp)
-tmp=
-cleanup() {
-	rm -f "$log"
-	[[ -z $tmp ]] || rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-fail() {
-	echo "build-coredns.sh: $*" >&2
-	[[ ! -s $log ]] || cat "$log" >&2
-	exit 1
-}
-
-mkdir -p "$BIN"
-exec 9>"$BIN/.coredns-build.lock"
-flock 9
+# shellcheck source=hack/build-lib.sh
+source "$ROOT/hack/build-lib.sh"
+build_init coredns
 
 version=$("$GO" -C "$MOD" list -mod=readonly -m -f '{{.Version}}' github.com/coredns/coredns 2>"$log") ||
 	fail "cannot read the github.com/coredns/coredns version from $MOD/go.mod"

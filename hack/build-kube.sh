@@ -21,29 +21,9 @@ STAMP=$BIN/.kube-version
 GO=${GO:-go}
 BINARIES=(kube-apiserver kube-controller-manager kube-proxy kubectl)
 
-# The tools module stands alone: no go.work, no go.mod/go.sum edits at build
-# time, static binaries.
-export GOWORK=off CGO_ENABLED=0
-
-log=$(mktemp)
-tmp=
-cleanup() {
-	rm -f "$log"
-	[[ -z $tmp ]] || rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-fail() {
-	echo "build-kube.sh: $*" >&2
-	[[ ! -s $log ]] || cat "$log" >&2
-	exit 1
-}
-
-mkdir -p "$BIN"
-# Two concurrent runs (e.g. parallel make targets) must not build twice or
-# race on the stamp.
-exec 9>"$BIN/.kube-build.lock"
-flock 9
+# shellcheck source=hack/build-lib.sh
+source "$ROOT/hack/build-lib.sh"
+build_init kube
 
 # The version to build is the one go.mod selects, so bumping it there is all
 # it takes to trigger a rebuild.
