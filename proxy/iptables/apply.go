@@ -116,9 +116,9 @@ type Stats struct {
 func chainKey(table, name string) string { return table + "/" + name }
 
 // Apply programs rs. A full apply compares with what the kernel has
-// (chains by name and rule count, the jumps from built-in chains, the whole
-// hairpin set) and repairs any drift; a partial apply trusts the last apply
-// and sends only the differences.
+// (chains by name and rule count, the jumps from built-in chains), repairs
+// any drift and refills the hairpin set; a partial apply trusts the last
+// apply and sends only the differences.
 func (a *Applier) Apply(rs *Ruleset, full bool) (Stats, error) {
 	st := Stats{Full: full || a.applied == nil}
 	want := make(map[string]*Chain, len(rs.Chains))
@@ -194,7 +194,7 @@ func (a *Applier) apply(rs *Ruleset, full bool, send []*Chain, gone []string, ju
 	for _, c := range leavesFirst(send) {
 		byTable[c.Table] = append(byTable[c.Table], c)
 	}
-	// Every chunk but the last adds only chains nothing references yet.
+	// Chunks go leaves first; the deletions and jumps come with the last.
 	var last bytes.Buffer
 	for _, table := range []string{TableNAT, TableFilter} {
 		chunks := chunk(byTable[table], limit)
