@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -21,7 +22,7 @@ type ServiceHandler interface {
 
 // WatchServices feeds h from informers until ctx ends.
 func WatchServices(ctx context.Context, c kubernetes.Interface, h ServiceHandler) error {
-	f := informers.NewSharedInformerFactory(c, 0)
+	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTransform(dropBookkeeping))
 	svc := f.Core().V1().Services().Informer()
 	eps := f.Discovery().V1().EndpointSlices().Informer()
 	if _, err := svc.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -53,6 +54,18 @@ func WatchServices(ctx context.Context, c kubernetes.Interface, h ServiceHandler
 	h.OnSynced()
 	<-ctx.Done()
 	return nil
+}
+
+// dropBookkeeping removes what no weft consumer of Services and
+// EndpointSlices reads (managed fields, annotations such as kubectl's
+// last-applied configuration) before the object enters the cache: at 10k
+// Services it is most of the cached bytes.
+func dropBookkeeping(o any) (any, error) {
+	if m, ok := o.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+		m.SetAnnotations(nil)
+	}
+	return o, nil
 }
 
 func unwrap(o any) any {
