@@ -166,7 +166,7 @@ func (a *Applier) Apply(rs *Ruleset, full bool) (Stats, error) {
 			jumps = append(jumps, insert{j, kv.policyLead[chainKey(j.Table, j.Chain)] + 1})
 		}
 	}
-	if err := a.apply(rs, st.Full, send, sortedKeys(gone), jumps, &st); err != nil {
+	if err := a.apply(rs, st.Full, send, sortedKeysFunc(gone, strings.Compare), jumps, &st); err != nil {
 		a.applied = nil // unknown kernel state: the next apply is full
 		return st, err
 	}
@@ -459,13 +459,4 @@ func (a *Applier) Cleanup() error {
 		return err
 	}
 	return nil
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
