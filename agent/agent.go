@@ -28,6 +28,7 @@ import (
 
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/fsutil"
+	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/routing"
 )
 
@@ -215,7 +216,7 @@ func (a *Agent) mtu(me routing.Node) (int, error) {
 }
 
 func linkWithAddr(ip netip.Addr) (netlink.Link, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := nlutil.Dump("addresses", func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weftnet/weft/internal/cnitest"
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/nlutil"
 )
 
 var jsonMarshal = json.Marshal
@@ -112,7 +113,7 @@ func TestBadInput(t *testing.T) {
 // bridge is node infrastructure that an ADD may create before it fails.
 func nodeLinks(t *testing.T, bridge string) []string {
 	t.Helper()
-	links, err := netlink.LinkList()
+	links, err := nlutil.Dump("links", netlink.LinkList)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/ipam"
 )
 
@@ -82,9 +83,9 @@ func EnsureBridge(name string, mtu int, gateways []netip.Prefix) error {
 // ensureGateways puts each lease's gateway on the bridge, with the lease's
 // prefix length, unless it is already there.
 func ensureGateways(br *netlink.Bridge, leases []ipam.Lease) error {
-	have, err := netlink.AddrList(br, netlink.FAMILY_ALL)
+	have, err := nlutil.Dump("addresses of "+br.Name, func() ([]netlink.Addr, error) { return netlink.AddrList(br, netlink.FAMILY_ALL) })
 	if err != nil {
-		return fmt.Errorf("listing addresses of %s: %w", br.Name, err)
+		return err
 	}
 	for _, l := range leases {
 		gw := net.IP(l.Gateway.AsSlice())
@@ -133,7 +134,7 @@ func enableForwarding(leases []ipam.Lease) error {
 // defaultMTU is the MTU of the interface of the node's default route.
 func defaultMTU() int {
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlink.RouteList(nil, family)
+		routes, err := nlutil.Dump("routes", func() ([]netlink.Route, error) { return netlink.RouteList(nil, family) })
 		if err != nil {
 			continue
 		}

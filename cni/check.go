@@ -9,6 +9,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/ipam"
 )
 
@@ -102,9 +103,9 @@ func checkPod(pod *podNS, ifName string, prev *current.Result) error {
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		return fmt.Errorf("interface %s in the pod is down", ifName)
 	}
-	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
+	addrs, err := nlutil.Dump("addresses of "+ifName+" in the pod", func() ([]netlink.Addr, error) { return h.AddrList(link, netlink.FAMILY_ALL) })
 	if err != nil {
-		return fmt.Errorf("listing addresses of %s in the pod: %w", ifName, err)
+		return err
 	}
 	for _, ipc := range prev.IPs {
 		if ipc.Interface == nil || *ipc.Interface != idx {
@@ -114,9 +115,9 @@ func checkPod(pod *podNS, ifName string, prev *current.Result) error {
 			return fmt.Errorf("address %s is missing from %s in the pod", ipc.Address.String(), ifName)
 		}
 	}
-	routes, err := h.RouteList(link, netlink.FAMILY_ALL)
+	routes, err := nlutil.Dump("routes in the pod", func() ([]netlink.Route, error) { return h.RouteList(link, netlink.FAMILY_ALL) })
 	if err != nil {
-		return fmt.Errorf("listing routes in the pod: %w", err)
+		return err
 	}
 	for _, want := range prev.Routes {
 		if !hasRoute(routes, want) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/weftnet/weft/internal/cnitest"
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/ipam"
 )
 
@@ -197,7 +198,7 @@ func (e *env) bridgePorts(upOnly bool) []string {
 	if err != nil {
 		return nil
 	}
-	links, err := netlink.LinkList()
+	links, err := nlutil.Dump("links", netlink.LinkList)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func podLinks(t *testing.T, path string) []string {
 	t.Helper()
 	var names []string
 	err := netnsutil.Do(path, func() error {
-		links, err := netlink.LinkList()
+		links, err := nlutil.Dump("links", netlink.LinkList)
 		for _, l := range links {
 			if l.Attrs().Name != "lo" {
 				names = append(names, l.Attrs().Name)

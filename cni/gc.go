@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 
+	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/ipam"
 )
 
@@ -59,9 +60,9 @@ func GC(args *skel.CmdArgs) error {
 	// Veths first, as in DEL: an address is free only once no link holds it.
 	var errs []error
 	if br, err := netlink.LinkByName(cfg.Bridge); err == nil {
-		links, err := netlink.LinkList()
+		links, err := nlutil.Dump("links", netlink.LinkList)
 		if err != nil {
-			return fmt.Errorf("listing links: %w", err)
+			return err
 		}
 		for _, l := range links {
 			a := l.Attrs()

@@ -10,6 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/internal/nlutil"
 )
 
 // ensureDevice makes weft's VXLAN device match want and returns its index,
@@ -101,7 +103,7 @@ func (s *session) underlayMTU(local netip.Addr) (int, error) {
 	if local.Is6() {
 		fam = unix.AF_INET6
 	}
-	addrs, err := dump("addresses", func() ([]netlink.Addr, error) { return s.h.AddrList(nil, fam) })
+	addrs, err := nlutil.Dump("addresses", func() ([]netlink.Addr, error) { return s.h.AddrList(nil, fam) })
 	if err != nil {
 		return 0, err
 	}
@@ -120,7 +122,7 @@ func (s *session) underlayMTU(local netip.Addr) (int, error) {
 // syncAddrs gives the device exactly the addresses want, leaving the
 // kernel's link-local ones alone.
 func (s *session) syncAddrs(l netlink.Link, want []netip.Prefix) []error {
-	have, err := dump("addresses of "+l.Attrs().Name, func() ([]netlink.Addr, error) {
+	have, err := nlutil.Dump("addresses of "+l.Attrs().Name, func() ([]netlink.Addr, error) {
 		return s.h.AddrList(l, netlink.FAMILY_ALL)
 	})
 	if err != nil {
@@ -158,7 +160,7 @@ func (s *session) syncAddrs(l netlink.Link, want []netip.Prefix) []error {
 
 // deleteDevices deletes weft's VXLAN devices except the one named keep.
 func (s *session) deleteDevices(keep string) []error {
-	links, err := dump("links", s.h.LinkList)
+	links, err := nlutil.Dump("links", s.h.LinkList)
 	if err != nil {
 		return []error{err}
 	}

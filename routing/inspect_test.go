@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/routing"
 )
 
@@ -24,12 +25,13 @@ func (l *lab) state(i int) nodeState {
 	l.t.Helper()
 	var s nodeState
 	l.do(l.node(i).ns, func() (err error) {
-		s.routes, err = netlink.RouteListFiltered(netlink.FAMILY_ALL,
-			&netlink.Route{Protocol: routing.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		s.routes, err = nlutil.Dump("routes", func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: routing.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		})
 		if err != nil {
 			return err
 		}
-		links, err := netlink.LinkList()
+		links, err := nlutil.Dump("links", netlink.LinkList)
 		if err != nil {
 			return err
 		}
@@ -56,7 +58,7 @@ func (l *lab) state(i int) nodeState {
 func permanent(index int, families ...int) ([]netlink.Neigh, error) {
 	var out []netlink.Neigh
 	for _, f := range families {
-		ns, err := netlink.NeighList(index, f)
+		ns, err := nlutil.Dump("neighbours", func() ([]netlink.Neigh, error) { return netlink.NeighList(index, f) })
 		if err != nil {
 			return nil, err
 		}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/internal/nlutil"
 )
 
 // syncNeighbors makes the permanent IPv4 and IPv6 neighbour entries of the
@@ -17,7 +19,7 @@ import (
 func (s *session) syncNeighbors(index int, want []Neighbor) []error {
 	have := map[netip.Addr]netlink.Neigh{}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		list, err := dump("neighbours", func() ([]netlink.Neigh, error) { return s.h.NeighList(index, fam) })
+		list, err := nlutil.Dump("neighbours", func() ([]netlink.Neigh, error) { return s.h.NeighList(index, fam) })
 		if err != nil {
 			return []error{err}
 		}
@@ -63,7 +65,7 @@ type fdbKey struct {
 // exactly want. A wanted MAC whose entry points elsewhere is redirected in
 // place (NLM_F_REPLACE); entries not wanted are deleted.
 func (s *session) syncFDB(index int, want []FDBEntry) []error {
-	list, err := dump("fdb", func() ([]netlink.Neigh, error) { return s.h.NeighList(index, unix.AF_BRIDGE) })
+	list, err := nlutil.Dump("fdb", func() ([]netlink.Neigh, error) { return s.h.NeighList(index, unix.AF_BRIDGE) })
 	if err != nil {
 		return []error{err}
 	}

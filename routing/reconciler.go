@@ -146,17 +146,3 @@ func (r *Reconciler) open() (*session, error) {
 }
 
 func (s *session) close() { s.h.Close() }
-
-// dump retries a netlink dump the kernel interrupted (the table changed
-// while it was read), so decisions are never taken on a partial listing.
-func dump[T any](what string, list func() ([]T, error)) ([]T, error) {
-	for attempt := 1; ; attempt++ {
-		out, err := list()
-		switch {
-		case err == nil:
-			return out, nil
-		case !errors.Is(err, netlink.ErrDumpInterrupted) || attempt == 5:
-			return nil, fmt.Errorf("listing %s: %w", what, err)
-		}
-	}
-}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/internal/nlutil"
 )
 
 // syncRoutes makes weft's routes in the main table exactly want. A route
@@ -18,7 +20,7 @@ import (
 // links caches device indexes by name; -1 marks a device that could not
 // be set up, whose routes are left as they are.
 func (s *session) syncRoutes(want []Route, links map[string]int) []error {
-	have, err := dump("weft routes", func() ([]netlink.Route, error) {
+	have, err := nlutil.Dump("weft routes", func() ([]netlink.Route, error) {
 		return s.h.RouteListFiltered(netlink.FAMILY_ALL,
 			&netlink.Route{Protocol: s.proto, Table: unix.RT_TABLE_MAIN},
 			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/lab"
 	"github.com/weftnet/weft/lab/check"
 	"github.com/weftnet/weft/lab/kubelet"
@@ -151,7 +152,9 @@ func ownedRoutes(t *testing.T, m lab.Member) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
 	err := netnsutil.Do(m.NSPath(), func() error {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: routing.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		routes, err := nlutil.Dump("routes", func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: routing.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		})
 		for _, r := range routes {
 			if r.Dst != nil {
 				out[r.Dst.String()] = true
@@ -174,7 +177,7 @@ func fdbEntries(t *testing.T, m lab.Member) map[string]bool {
 		if err != nil {
 			return err
 		}
-		neighs, err := netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+		neighs, err := nlutil.Dump("fdb", func() ([]netlink.Neigh, error) { return netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE) })
 		for _, n := range neighs {
 			if n.IP != nil {
 				out[n.IP.String()] = true
