@@ -2,6 +2,7 @@ package dns
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/testutil"
 )
 
 // TestMain isolates the tests in a private network namespace, except when
@@ -136,13 +138,7 @@ func TestForwardFailoverAndHealth(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go fwd.Run(ctx)
-	deadline := time.Now().Add(10 * time.Second)
-	for !fwd.Upstreams()[silent.addr] {
-		if time.Now().After(deadline) {
-			t.Fatal("recovered upstream never marked up")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "the recovered upstream marked up", func() bool { return fwd.Upstreams()[silent.addr] })
 	exchange(t, s.Addr(), "three.example.", mdns.TypeA, "udp")
 	if silent.queries.Load() <= before {
 		t.Errorf("recovered first upstream not used again")
@@ -204,13 +200,7 @@ func TestNoUpstream(t *testing.T) {
 		done <- r
 	}()
 	// Wait until the forwarded query is pending upstream.
-	deadline := time.Now().Add(10 * time.Second)
-	for dead.queries.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("query never forwarded")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "the query forwarded", func() bool { return dead.queries.Load() > 0 })
 	for _, proto := range []string{"udp", "tcp"} {
 		if r := exchange(t, s.Addr(), "web.default.svc."+zone, mdns.TypeA, proto); len(r.Answer) != 1 {
 			t.Errorf("cluster name over %s while upstream hangs: %v", proto, r)
@@ -352,13 +342,7 @@ func TestForwardCoalesced(t *testing.T) {
 	}
 	// Wait until every asker missed the cache (so none can be answered
 	// from it) while the upstream holds its answer back.
-	deadline := time.Now().Add(10 * time.Second)
-	for misses() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %v of %d askers reached the forwarder", misses(), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("all %d askers to reach the forwarder", n), func() bool { return misses() >= n })
 	close(hold)
 	for range n {
 		if r := <-replies; r == nil || len(r.Answer) != 1 {

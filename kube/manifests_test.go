@@ -13,6 +13,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weftnet/weft/internal/testutil"
 )
 
 const goodYAML = `# two objects in one file
@@ -114,10 +116,10 @@ func TestWatchManifests(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = WatchManifests(ctx, dir, rec, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-	eventually(t, "initial load", func() bool { return rec.clusterIP("default/web") == "10.96.0.10" && rec.synced })
+	testutil.Eventually(t, 5*time.Second, "initial load", func() bool { return rec.clusterIP("default/web") == "10.96.0.10" && rec.synced })
 
 	write(strings.Replace(goodYAML, "10.96.0.10", "10.96.0.11", 1))
-	eventually(t, "update", func() bool { return rec.clusterIP("default/web") == "10.96.0.11" })
+	testutil.Eventually(t, 5*time.Second, "update", func() bool { return rec.clusterIP("default/web") == "10.96.0.11" })
 
 	write(goodYAML + "---\nkind: [broken\n")
 	// A second file, written after the broken one and sorting after it: a
@@ -127,7 +129,7 @@ func TestWatchManifests(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "z-marker.yaml"), []byte(marker), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the marker file", func() bool { return rec.clusterIP("default/marker") != "" })
+	testutil.Eventually(t, 5*time.Second, "the marker file", func() bool { return rec.clusterIP("default/marker") != "" })
 	if got := rec.clusterIP("default/web"); got != "10.96.0.11" {
 		t.Fatalf("a broken file changed the state: clusterIP %q", got)
 	}
@@ -137,20 +139,9 @@ func TestWatchManifests(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "removal", func() bool {
+	testutil.Eventually(t, 5*time.Second, "removal", func() bool {
 		rec.Lock()
 		defer rec.Unlock()
 		return len(rec.services) == 0 && len(rec.slices) == 0
 	})
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -7,9 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weftnet/weft/internal/testutil"
 )
 
 const podYAML = `apiVersion: v1
@@ -65,8 +68,8 @@ func TestManifestPods(t *testing.T) {
 	plain := &recorder{services: map[string]*corev1.Service{}, slices: map[string]*discoveryv1.EndpointSlice{}}
 	go func() { _ = WatchManifests(ctx, dir, rec, log) }()
 	go func() { _ = WatchManifests(ctx, dir, plain, log) }()
-	eventually(t, "the pod", func() bool { return rec.podIP("data/db-0") == "10.244.1.7" && rec.clusterIP("default/web") != "" })
-	eventually(t, "the plain handler's service", func() bool { return plain.clusterIP("default/web") != "" })
+	testutil.Eventually(t, 5*time.Second, "the pod", func() bool { return rec.podIP("data/db-0") == "10.244.1.7" && rec.clusterIP("default/web") != "" })
+	testutil.Eventually(t, 5*time.Second, "the plain handler's service", func() bool { return plain.clusterIP("default/web") != "" })
 	rec.Lock()
 	if p := rec.pods["data/db-0"]; p.Spec.Hostname != "db-0" || p.Spec.Subdomain != "db" {
 		t.Errorf("pod fields lost: %+v", p.Spec)
@@ -75,7 +78,7 @@ func TestManifestPods(t *testing.T) {
 	if err := os.WriteFile(file, []byte(goodYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pod removal", func() bool { return rec.podIP("data/db-0") == "" })
+	testutil.Eventually(t, 5*time.Second, "pod removal", func() bool { return rec.podIP("data/db-0") == "" })
 }
 
 // TestSlimPod keeps what DNS reads and drops the rest.

@@ -10,6 +10,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/weftnet/weft/internal/testutil"
 )
 
 type policyRecorder struct {
@@ -53,21 +55,10 @@ func (r *policyRecorder) OnNetworkPolicy(old, new *networkingv1.NetworkPolicy) {
 
 func (r *policyRecorder) OnPolicySynced() { r.Lock(); r.synced = true; r.Unlock() }
 
+// waitFor polls ok under the recorder's lock.
 func (r *policyRecorder) waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r.Lock()
-		done := ok()
-		r.Unlock()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, what, func() bool { r.Lock(); defer r.Unlock(); return ok() })
 }
 
 func TestWatchPolicies(t *testing.T) {

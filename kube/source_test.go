@@ -3,11 +3,14 @@ package kube
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/weftnet/weft/internal/testutil"
 )
 
 // TestWatchServicesSlims: Services and EndpointSlices reach the handler
@@ -26,7 +29,7 @@ func TestWatchServicesSlims(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = WatchServices(ctx, fake.NewClientset(svc, es), r) }()
-	eventually(t, "the initial sync", func() bool { r.Lock(); defer r.Unlock(); return r.synced })
+	testutil.Eventually(t, 5*time.Second, "the initial sync", func() bool { r.Lock(); defer r.Unlock(); return r.synced })
 	r.Lock()
 	defer r.Unlock()
 	gotSvc, gotES := r.services["default/web"], r.slices["default/web-1"]

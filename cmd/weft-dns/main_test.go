@@ -16,6 +16,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/testutil"
 )
 
 func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
@@ -103,7 +104,7 @@ func TestManifests(t *testing.T) {
 			t.Errorf("run: %v", err)
 		}
 	}()
-	waitFor(t, "/readyz", func() bool {
+	testutil.Eventually(t, 10*time.Second, "/readyz", func() bool {
 		r, err := http.Get("http://" + healthAddr + "/readyz")
 		if err != nil {
 			return false
@@ -130,7 +131,7 @@ func TestManifests(t *testing.T) {
 	if err := os.WriteFile(file, []byte(strings.Replace(manifest, "10.96.0.10", "10.96.0.11", 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the changed file", func() bool { return answer("web.default.svc.cluster.local.") == "10.96.0.11" })
+	testutil.Eventually(t, 10*time.Second, "the changed file", func() bool { return answer("web.default.svc.cluster.local.") == "10.96.0.11" })
 
 	r, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
@@ -143,17 +144,6 @@ func TestManifests(t *testing.T) {
 		if !regexp.MustCompile(re).Match(body) {
 			t.Errorf("/metrics has no %s", re)
 		}
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -177,7 +167,7 @@ func TestNotReady(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, f, quiet()) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, "/healthz", func() bool {
+	testutil.Eventually(t, 10*time.Second, "/healthz", func() bool {
 		r, err := http.Get("http://" + healthAddr + "/healthz")
 		if err != nil {
 			return false

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -392,15 +393,13 @@ func TestShutdown(t *testing.T) {
 		t.Fatalf("echo before shutdown: %q, %v", buf[:n], err)
 	}
 
-	begin := time.Now()
 	if err := w.stop(); err != nil {
 		t.Fatalf("Run after cancel = %v, want nil", err)
 	}
-	if d := time.Since(begin); d > time.Second {
-		t.Errorf("shutdown took %v", d)
-	}
-	if n, err := echo.Read(buf); err == nil {
-		t.Errorf("echo connection still open after shutdown (read %q)", buf[:n])
+	// The workload closed the connection itself: the read ends at once, not
+	// at the client's own deadline.
+	if n, err := echo.Read(buf); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("echo connection still open after shutdown (read %q, %v)", buf[:n], err)
 	}
 
 	// Every port is free again.

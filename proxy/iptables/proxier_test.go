@@ -16,6 +16,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/testutil"
 	"github.com/weftnet/weft/proxy"
 )
 
@@ -77,9 +78,9 @@ func TestUDPBackendReplaced(t *testing.T) {
 		}
 		return strings.Fields(string(buf[:k]))[0]
 	}
-	waitFor(t, "the first UDP answer from a", func() bool { return ask() == "a" })
+	testutil.Eventually(t, 10*time.Second, "the first UDP answer from a", func() bool { return ask() == "a" })
 	p.OnEndpointSlice(old, udpSlice("dns", n.pods["b"].ip.String()))
-	waitFor(t, "the same UDP socket answered by b", func() bool { return ask() == "b" })
+	testutil.Eventually(t, 10*time.Second, "the same UDP socket answered by b", func() bool { return ask() == "b" })
 }
 
 // TestHealthCheckNodePort: 200 with the local endpoint count, 503 without.
@@ -111,21 +112,9 @@ func TestHealthCheckNodePort(t *testing.T) {
 		_ = json.NewDecoder(resp.Body).Decode(&body)
 		return resp.StatusCode, body.LocalEndpoints
 	}
-	waitFor(t, "health check 200 with 1 local endpoint", func() bool { code, k := health(); return code == 200 && k == 1 })
+	testutil.Eventually(t, 10*time.Second, "health check 200 with 1 local endpoint", func() bool { code, k := health(); return code == 200 && k == 1 })
 	p.OnEndpointSlice(withLocal, slice("local", endpoint{remoteEP, otherNode}))
-	waitFor(t, "health check 503 with 0 local endpoints", func() bool { code, k := health(); return code == 503 && k == 0 })
-}
-
-// waitFor polls cond (an eventual state reached by the proxy's sync loop).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "health check 503 with 0 local endpoints", func() bool { code, k := health(); return code == 503 && k == 0 })
 }
 
 func slogDiscard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

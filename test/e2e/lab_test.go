@@ -24,6 +24,7 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/internal/nlutil"
+	"github.com/weftnet/weft/internal/testutil"
 	"github.com/weftnet/weft/lab"
 	"github.com/weftnet/weft/lab/check"
 	"github.com/weftnet/weft/lab/kubelet"
@@ -259,13 +260,8 @@ func addBadNodes(t *testing.T, c *cluster) {
 		t.Fatalf("patching bad-address: %v", err)
 	}
 	// Give the agents a sync with the bad nodes before checking.
-	deadline := time.Now().Add(5 * time.Second)
-	for !logged(c.dir, "node1-agent", "bad-address") {
-		if time.Now().After(deadline) {
-			t.Fatal("node1's agent never logged the node with an unparseable address")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "node1's agent logging the node with an unparseable address",
+		func() bool { return logged(c.dir, "node1-agent", "bad-address") })
 	if !logged(c.dir, "node1-agent", "bad-overlap") {
 		t.Fatal("node1's agent did not log the node with an overlapping podCIDR")
 	}

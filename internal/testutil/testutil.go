@@ -1,0 +1,20 @@
+// Package testutil holds helpers shared by weft's tests.
+package testutil
+
+import (
+	"testing"
+	"time"
+)
+
+// Eventually polls cond until it holds, failing t with what after within.
+// It waits for a state, not a duration: within only bounds a hang.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
