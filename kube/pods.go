@@ -24,15 +24,7 @@ type PodHandler interface {
 func WatchPods(ctx context.Context, c kubernetes.Interface, h PodHandler, synced func()) error {
 	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTransform(slimPod))
 	inf := f.Core().V1().Pods().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { h.OnPod(nil, o.(*corev1.Pod)) },
-		UpdateFunc: func(o, n any) { h.OnPod(o.(*corev1.Pod), n.(*corev1.Pod)) },
-		DeleteFunc: func(o any) {
-			if p, ok := unwrap(o).(*corev1.Pod); ok {
-				h.OnPod(p, nil)
-			}
-		},
-	}); err != nil {
+	if _, err := inf.AddEventHandler(handlerFuncs(h.OnPod)); err != nil {
 		return err
 	}
 	f.Start(ctx.Done())
@@ -46,13 +38,16 @@ func WatchPods(ctx context.Context, c kubernetes.Interface, h PodHandler, synced
 	return nil
 }
 
-// slimPod drops the fields no weft consumer reads.
+// slimPod keeps of a Pod what weft's consumers read (DNS: names,
+// hostname, subdomain, readiness, addresses; NetworkPolicy: labels, node,
+// host networking, named container ports, phase, addresses), so that a
+// large cluster's pods cost little memory.
 func slimPod(o any) (any, error) {
 	p, ok := o.(*corev1.Pod)
 	if !ok {
 		return o, nil
 	}
-	return &corev1.Pod{
+	out := &corev1.Pod{
 		TypeMeta: p.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
 			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
@@ -62,5 +57,11 @@ func slimPod(o any) (any, error) {
 		Status: corev1.PodStatus{
 			Phase: p.Status.Phase, Conditions: p.Status.Conditions, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
 		},
-	}, nil
+	}
+	for _, c := range p.Spec.Containers {
+		if len(c.Ports) > 0 {
+			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports})
+		}
+	}
+	return out, nil
 }

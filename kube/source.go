@@ -25,26 +25,10 @@ func WatchServices(ctx context.Context, c kubernetes.Interface, h ServiceHandler
 	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTransform(dropBookkeeping))
 	svc := f.Core().V1().Services().Informer()
 	eps := f.Discovery().V1().EndpointSlices().Informer()
-	if _, err := svc.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { h.OnService(nil, o.(*corev1.Service)) },
-		UpdateFunc: func(o, n any) { h.OnService(o.(*corev1.Service), n.(*corev1.Service)) },
-		DeleteFunc: func(o any) {
-			if s, ok := unwrap(o).(*corev1.Service); ok {
-				h.OnService(s, nil)
-			}
-		},
-	}); err != nil {
+	if _, err := svc.AddEventHandler(handlerFuncs(h.OnService)); err != nil {
 		return err
 	}
-	if _, err := eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { h.OnEndpointSlice(nil, o.(*discoveryv1.EndpointSlice)) },
-		UpdateFunc: func(o, n any) { h.OnEndpointSlice(o.(*discoveryv1.EndpointSlice), n.(*discoveryv1.EndpointSlice)) },
-		DeleteFunc: func(o any) {
-			if s, ok := unwrap(o).(*discoveryv1.EndpointSlice); ok {
-				h.OnEndpointSlice(s, nil)
-			}
-		},
-	}); err != nil {
+	if _, err := eps.AddEventHandler(handlerFuncs(h.OnEndpointSlice)); err != nil {
 		return err
 	}
 	f.Start(ctx.Done())
@@ -54,6 +38,29 @@ func WatchServices(ctx context.Context, c kubernetes.Interface, h ServiceHandler
 	h.OnSynced()
 	<-ctx.Done()
 	return nil
+}
+
+// handlerFuncs adapts a typed (old, new) callback to informer events.
+func handlerFuncs[T any](on func(old, new *T)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if n, ok := o.(*T); ok {
+				on(nil, n)
+			}
+		},
+		UpdateFunc: func(o, n any) {
+			oo, ok1 := o.(*T)
+			nn, ok2 := n.(*T)
+			if ok1 && ok2 {
+				on(oo, nn)
+			}
+		},
+		DeleteFunc: func(o any) {
+			if d, ok := unwrap(o).(*T); ok {
+				on(d, nil)
+			}
+		},
+	}
 }
 
 // dropBookkeeping removes what no weft consumer of Services and
