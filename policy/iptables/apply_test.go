@@ -116,7 +116,7 @@ func TestApplyOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := rec.take()
-	if st.Sets != 1 || st.Chains != 0 || len(calls) != 1 || !strings.Contains(calls[0], "swap ") || strings.Count(calls[0], "add ") != 6 {
+	if st.Sets != 1 || st.Chains != 0 || len(calls) != 1 || !strings.Contains(calls[0], "swap ") || strings.Count(calls[0], ",tcp:80 -exist") != 6 {
 		t.Fatalf("membership change: %+v\n%s", st, strings.Join(calls, "\n"))
 	}
 	// Nothing changed: nothing sent.
@@ -132,7 +132,7 @@ func TestApplyOrder(t *testing.T) {
 	}
 	calls = rec.take()
 	if len(calls) != 3 || !strings.HasPrefix(calls[0], "ipset:") || !strings.HasPrefix(calls[1], "iptables:") ||
-		!strings.Contains(calls[1], "--dport 81") || !strings.Contains(calls[2], "destroy ") || st.DeletedSets != 1 {
+		!strings.Contains(calls[0], ",tcp:81 -exist") || !strings.Contains(calls[2], "destroy ") || st.DeletedSets != 1 {
 		t.Fatalf("policy edit: %+v\n%s", st, strings.Join(calls, "\n"))
 	}
 	if len(rec.sets) != oldSets {

@@ -4,8 +4,15 @@
 // Design note. Render is pure: it keeps the pods scheduled on this node and
 // turns them into
 //
-//   - ipsets (hash:ip for selected pods, hash:net with nomatch entries for an
-//     ipBlock and its except list), one per address set of the rules;
+//   - ipsets, per direction of a pod (shared by the pods whose rules have
+//     the same structure): one hash:net,port set of every (peer, port) its
+//     rules allow, so that a new connection costs one set lookup however
+//     many policies and ports select the pod; what that set cannot hold
+//     (every port of a protocol, ranges wider than 32 ports, rules without
+//     ports) gets one hash:net set and one rule per distinct port match.
+//     Peers are pods (host prefixes) and ipBlocks minus their exceptions,
+//     written as prefixes and nomatch prefixes that the kernel judges most
+//     specific first (exact for any union: setEntries);
 //   - filter chains: WEFT-POL-FORWARD (jumped to first from FORWARD) returns
 //     at once for ESTABLISHED/RELATED packets (replies always pass), then
 //     dispatches by source address to each egress-isolated pod's chain
@@ -30,7 +37,8 @@
 // chains, the dispatch chains, and deletes chains no longer wanted, then the
 // jumps are made sure to be first in FORWARD and INPUT (moved in one
 // transaction); (3) sets no longer referenced are destroyed. Set names are
-// derived from set IDs, which carry a fingerprint of the policy's spec: a
+// derived from the structure of a pod's rules (the compiler's set IDs,
+// which carry a fingerprint of the policy's spec, and the ports): a
 // changed policy gets fresh sets that its new rules switch to atomically,
 // while membership changes of an unchanged policy (pods or namespaces
 // relabelled, pods added or removed) swap the set's content in place.

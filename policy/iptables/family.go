@@ -37,12 +37,12 @@ func (f family) ipset() string {
 	return "inet"
 }
 
-// everything is the whole address space as hash:net accepts it (no /0).
-func (f family) everything() []string {
+// all is the family's whole address space.
+func (f family) all() netip.Prefix {
 	if f.v6 {
-		return []string{"::/1", "8000::/1"}
+		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
 	}
-	return []string{"0.0.0.0/1", "128.0.0.0/1"}
+	return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
 }
 
 func (f family) only(ips []netip.Addr) []netip.Addr {

@@ -4,10 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
-	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/weftnet/weft/policy"
 )
@@ -55,8 +53,8 @@ type Ruleset struct {
 // Set is one ipset.
 type Set struct {
 	Name    string
-	Type    string   // hash:ip or hash:net
-	Members []string // "10.0.0.1", "10.0.0.0/8", "10.1.0.0/16 nomatch"
+	Type    string   // hash:net,port (peers and ports) or hash:net (peers)
+	Members []string // "10.0.0.0/8,tcp:80", "10.1.0.7/32"
 }
 
 // Chain is one filter chain and its rules (without "-A NAME").
@@ -83,7 +81,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 	if fam.v6 {
 		rs.Family = 6
 	}
-	usedSets := map[string]policy.AddrSet{}
+	sets := map[string]Set{}
 	var ingress, egress []string
 	var podChains []Chain
 	for _, p := range d.Pods {
@@ -99,7 +97,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 			for _, ip := range ips {
 				ingress = append(ingress, fmt.Sprintf("-d %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" ingress", name))
 			}
-			rules := podRules(fam, p.Ingress.Rules, "src", d.Sets, usedSets)
+			rules := allowRules(fam, p.Ingress.Rules, "src", d.Sets, sets)
 			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropIn)})
 		}
 		if p.Egress.Isolated {
@@ -107,17 +105,12 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 			for _, ip := range ips {
 				egress = append(egress, fmt.Sprintf("-s %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" egress", name))
 			}
-			rules := podRules(fam, p.Egress.Rules, "dst", d.Sets, usedSets)
+			rules := allowRules(fam, p.Egress.Rules, "dst", d.Sets, sets)
 			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropOut)})
 		}
 	}
-	ids := make([]string, 0, len(usedSets))
-	for id := range usedSets {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		rs.Sets = append(rs.Sets, renderSet(fam, setName(fam, id), usedSets[id]))
+	for _, s := range sets {
+		rs.Sets = append(rs.Sets, s)
 	}
 	sort.Slice(rs.Sets, func(i, j int) bool { return rs.Sets[i].Name < rs.Sets[j].Name })
 	rs.Chains = append(rs.Chains,
@@ -143,114 +136,6 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 	return rs
 }
 
-// podRules renders allow rules. Rules with the same ports are grouped so
-// that a pod's chain grows with the distinct port lists of its policies, not
-// with their number: the pod-address sets of a group are matched through
-// one set (their union, shared by every pod with the same combination),
-// ipBlocks each through their own set.
-func podRules(fam family, rules []policy.Rule, dir string, sets map[string]policy.AddrSet, used map[string]policy.AddrSet) []string {
-	type group struct {
-		ports    []policy.PortRange
-		all      bool
-		policies []string
-		addrIDs  []string
-		netIDs   []string
-	}
-	var order []string
-	groups := map[string]*group{}
-	for _, r := range rules {
-		sig := fmt.Sprint(r.Ports)
-		g, ok := groups[sig]
-		if !ok {
-			g = &group{ports: r.Ports}
-			groups[sig] = g
-			order = append(order, sig)
-		}
-		if !slices.Contains(g.policies, r.Policy) {
-			g.policies = append(g.policies, r.Policy)
-		}
-		if r.AllPeers {
-			g.all = true
-			continue
-		}
-		for _, id := range r.Peers {
-			s := sets[id]
-			switch {
-			case s.Kind == policy.SetNets:
-				if !slices.Contains(g.netIDs, id) {
-					g.netIDs = append(g.netIDs, id)
-				}
-			case slices.ContainsFunc(s.Addrs, fam.has) && !slices.Contains(g.addrIDs, id):
-				g.addrIDs = append(g.addrIDs, id)
-			}
-		}
-	}
-	var out []string
-	for _, sig := range order {
-		g := groups[sig]
-		comment := fmt.Sprintf("-m comment --comment %q", strings.Join(g.policies, ","))
-		if len(comment) > 240 {
-			comment = fmt.Sprintf("-m comment --comment %q", fmt.Sprintf("%s and %d more policies", g.policies[0], len(g.policies)-1))
-		}
-		var peers []string
-		if g.all {
-			peers = []string{""}
-		} else {
-			if len(g.addrIDs) > 0 {
-				id := g.addrIDs[0]
-				if len(g.addrIDs) > 1 {
-					slices.Sort(g.addrIDs)
-					id = "union:" + strings.Join(g.addrIDs, "|")
-					if _, done := used[id]; !done { // pods with the same policies share it
-						var all []netip.Addr
-						for _, m := range g.addrIDs {
-							all = append(all, sets[m].Addrs...)
-						}
-						used[id] = policy.AddrSet{Kind: policy.SetAddrs, Addrs: uniq(all)}
-					}
-				} else {
-					used[id] = sets[id]
-				}
-				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", setName(fam, id), dir))
-			}
-			for _, id := range g.netIDs {
-				used[id] = sets[id]
-				peers = append(peers, fmt.Sprintf("-m set --match-set %s %s ", setName(fam, id), dir))
-			}
-		}
-		ports := []string{""}
-		if len(g.ports) > 0 {
-			ports = ports[:0]
-			for _, p := range g.ports {
-				ports = append(ports, portMatch(p))
-			}
-		}
-		for _, peer := range peers {
-			for _, port := range ports {
-				out = append(out, peer+port+comment+" -j RETURN")
-			}
-		}
-	}
-	return out
-}
-
-func uniq(a []netip.Addr) []netip.Addr {
-	slices.SortFunc(a, func(x, y netip.Addr) int { return x.Compare(y) })
-	return slices.Compact(a)
-}
-
-func portMatch(p policy.PortRange) string {
-	proto := strings.ToLower(string(p.Protocol))
-	switch {
-	case p.From == 0:
-		return "-p " + proto + " "
-	case p.From == p.To:
-		return fmt.Sprintf("-p %s -m %s --dport %d ", proto, proto, p.From)
-	default:
-		return fmt.Sprintf("-p %s -m %s --dport %d:%d ", proto, proto, p.From, p.To)
-	}
-}
-
 func dropRules(cfg Config, dir string) []string {
 	var out []string
 	if cfg.LogDrops {
@@ -262,38 +147,6 @@ func dropRules(cfg Config, dir string) []string {
 	}
 	return append(out, fmt.Sprintf("-m comment --comment %q -j DROP", "weft policy "+dir+" drop"))
 }
-
-func renderSet(fam family, name string, s policy.AddrSet) Set {
-	out := Set{Name: name, Type: "hash:ip"}
-	if s.Kind == policy.SetAddrs {
-		for _, a := range fam.only(s.Addrs) {
-			out.Members = append(out.Members, a.String())
-		}
-		return out
-	}
-	out.Type = "hash:net"
-	for _, n := range s.Nets {
-		switch {
-		case !fam.has(n.Addr()):
-		case n.Bits() == 0: // hash:net has no /0: two halves
-			out.Members = append(out.Members, fam.everything()...)
-		default:
-			out.Members = append(out.Members, netString(n))
-		}
-	}
-	for _, n := range s.Except {
-		if fam.has(n.Addr()) {
-			out.Members = append(out.Members, netString(n)+" nomatch")
-		}
-	}
-	return out
-}
-
-// netString writes a prefix the way ipset accepts it (it has no /0).
-func netString(n netip.Prefix) string { return n.Masked().String() }
-
-// SetName is the ipset of a set ID.
-func SetName(id string) string { return setName(family{}, id) }
 
 func setName(fam family, id string) string { return hashName(fam.setPrefix(), id) }
 
