@@ -9,6 +9,7 @@ import (
 
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/model"
+	"github.com/weftnet/weft/proxy/proxytest"
 )
 
 // TestRendererMatchesRender drives the incremental renderer through a
@@ -16,9 +17,9 @@ import (
 // that it renders exactly what a render from scratch does, and that its
 // hairpin-set deltas add up to the set.
 func TestRendererMatchesRender(t *testing.T) {
-	cfg := iptables.Config{NodeName: nodeName, NodePortIPs: []netip.Addr{netip.MustParseAddr(nodeIP)},
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(cluster)}}
-	svcs, slices0 := scenario()
+	cfg := iptables.Config{NodeName: proxytest.NodeName, NodePortIPs: []netip.Addr{netip.MustParseAddr(proxytest.NodeIP)},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(proxytest.Cluster)}}
+	svcs, slices0 := proxytest.Scenario()
 	tr := model.NewTracker()
 	for _, s := range svcs {
 		tr.OnService(nil, s)

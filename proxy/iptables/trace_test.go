@@ -10,17 +10,18 @@ import (
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/iptables/tracer"
 	"github.com/weftnet/weft/proxy/model"
+	"github.com/weftnet/weft/proxy/proxytest"
 )
 
 func renderTraced(t *testing.T) *tracer.Ruleset {
 	t.Helper()
-	svcs, eps := scenario()
+	svcs, eps := proxytest.Scenario()
 	st, errs := model.Build(svcs, eps)
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	cfg := iptables.Config{NodeName: nodeName, NodePortIPs: []netip.Addr{netip.MustParseAddr(nodeIP)},
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(cluster)}}
+	cfg := iptables.Config{NodeName: proxytest.NodeName, NodePortIPs: []netip.Addr{netip.MustParseAddr(proxytest.NodeIP)},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(proxytest.Cluster)}}
 	rs, err := tracer.Parse(iptables.Payload(iptables.Render(cfg, st, 4)))
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +37,9 @@ func TestTraceFlows(t *testing.T) {
 		t.Fatalf("ruleset structure: %v", errs)
 	}
 	ep := func(ip string, port int, masq bool) string { return fmt.Sprintf("%s:%d masq=%v", ip, port, masq) }
-	const pod, ext, ext2, node = podA, extIP, extIP2, nodeIP
+	const pod, ext, ext2, node = proxytest.PodA, proxytest.ExtIP, proxytest.ExtIP2, proxytest.NodeIP
+	const podA, podB, podC, remoteEP = proxytest.PodA, proxytest.PodB, proxytest.PodC, proxytest.RemoteEP
+	const lbIP, extIPv4 = proxytest.LBIP, proxytest.ExtIPv4
 	cases := []struct {
 		name     string
 		src, dst string
@@ -93,7 +96,7 @@ func TestTraceFlows(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			outs, err := rs.Trace(tracer.Flow{Src: netip.MustParseAddr(tc.src), Dst: netip.MustParseAddr(tc.dst), Proto: tc.proto,
-				DPort: tc.dport, SPort: 40000, NodeIPs: []netip.Addr{netip.MustParseAddr(nodeIP)}, Local: tc.local})
+				DPort: tc.dport, SPort: 40000, NodeIPs: []netip.Addr{netip.MustParseAddr(proxytest.NodeIP)}, Local: tc.local})
 			if err != nil {
 				t.Fatal(err)
 			}

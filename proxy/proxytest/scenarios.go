@@ -1,0 +1,356 @@
+package proxytest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/testutil"
+	"github.com/weftnet/weft/proxy"
+)
+
+// services programs the shared Scenario and proves each feature with real
+// connections: who answered and what source address the server saw.
+func services(t *testing.T, b Backend) {
+	n := NewNode(t, b, "a", "b", "c")
+	a, pb, c := n.Pods["a"], n.Pods["b"], n.Pods["c"]
+	for name, want := range map[string]string{"a": PodA, "b": PodB, "c": PodC} {
+		if got := n.Pods[name].IP.String(); got != want {
+			t.Fatalf("pod %s got %s from IPAM, the scenario expects %s", name, got, want)
+		}
+	}
+	n.Svcs, n.Slices = Scenario()
+	n.Sync()
+
+	t.Run("ClusterIP from a pod spreads over endpoints, source kept", func(t *testing.T) {
+		seen := map[string]bool{}
+		for i := 0; i < 30; i++ {
+			r, err := Get(a.NS, "", "http://10.96.0.10/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Only a hairpin (a answering itself) may be masqueraded.
+			if r.Pod != "a" && r.Client != a.IP.String() {
+				t.Fatalf("%s saw %s, want the pod's own %s", r.Pod, r.Client, a.IP)
+			}
+			seen[r.Pod] = true
+		}
+		if len(seen) < 2 {
+			t.Fatalf("30 requests all went to %v", seen)
+		}
+	})
+	t.Run("ClusterIP from the node", func(t *testing.T) {
+		if _, err := Get("", "", "http://10.96.0.10/"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("the peer address of a connection to a ClusterIP is the ClusterIP", func(t *testing.T) {
+		var conn net.Conn
+		if err := netnsutil.Do(pb.NS, func() (err error) {
+			conn, err = net.DialTimeout("tcp", "10.96.0.10:81", time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// Go fills RemoteAddr from getpeername(2) after connecting.
+		if got := conn.RemoteAddr().String(); got != "10.96.0.10:81" {
+			t.Fatalf("getpeername says %s, want the ClusterIP", got)
+		}
+	})
+	t.Run("NodePort from the node", func(t *testing.T) {
+		r, err := Get("", "", "http://"+NodeIP+":30080/")
+		if err != nil || (r.Pod != "b" && r.Pod != "c") {
+			t.Fatalf("%+v %v, want an endpoint of np", r, err)
+		}
+	})
+	t.Run("externalIP from a pod", func(t *testing.T) {
+		r, err := Get(a.NS, "", "http://"+ExtIPv4+"/")
+		if err != nil || r.Pod != "b" {
+			t.Fatalf("%+v %v, want b", r, err)
+		}
+	})
+	t.Run("NodePort from outside is masqueraded", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		for i := 0; i < 5; i++ {
+			r, err := Get(n.Ext, "", "http://"+NodeIP+":30080/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Pod != "b" && r.Pod != "c" {
+				t.Fatalf("answered by %s, not an endpoint of np", r.Pod)
+			}
+			if r.Client == ExtIP || !strings.HasPrefix(r.Client, "10.244.1.") {
+				t.Fatalf("%s saw %s, want the node's address (SNAT)", r.Pod, r.Client)
+			}
+		}
+	})
+	t.Run("externalTrafficPolicy Local keeps the client address and the local endpoint", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		for i := 0; i < 8; i++ {
+			r, err := Get(n.Ext, "", "http://"+NodeIP+":30081/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Pod != "c" || r.Client != ExtIP {
+				t.Fatalf("%s saw %s, want c seeing %s", r.Pod, r.Client, ExtIP)
+			}
+		}
+	})
+	t.Run("externalTrafficPolicy Local without a local endpoint drops", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		_, err := Get(n.Ext, "", "http://"+NodeIP+":30082/")
+		if err == nil || strings.Contains(err.Error(), "refused") {
+			t.Fatalf("got %v, want a timeout (dropped)", err)
+		}
+	})
+	t.Run("LoadBalancer IP allowed and blocked by sourceRanges", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		r, err := Get(n.Ext, ExtIP, "http://"+LBIP+"/")
+		if err != nil || r.Pod != "b" {
+			t.Fatalf("from %s: %+v %v, want b", ExtIP, r, err)
+		}
+		if r, err := Get(n.Ext, ExtIP2, "http://"+LBIP+"/"); err == nil {
+			t.Fatalf("from %s (outside sourceRanges) answered by %s", ExtIP2, r.Pod)
+		}
+	})
+	t.Run("ClientIP affinity sticks", func(t *testing.T) {
+		b.Need(t, Affinity)
+		first := ""
+		for i := 0; i < 15; i++ {
+			r, err := Get(pb.NS, "", "http://10.96.0.15/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first == "" {
+				first = r.Pod
+			}
+			if r.Pod != first {
+				t.Fatalf("request %d went to %s, the first to %s", i, r.Pod, first)
+			}
+		}
+	})
+	t.Run("internalTrafficPolicy Local uses only the local endpoint", func(t *testing.T) {
+		for i := 0; i < 10; i++ {
+			r, err := Get(pb.NS, "", "http://10.96.0.17/")
+			if err != nil || r.Pod != "a" {
+				t.Fatalf("%+v %v, want a (the remote endpoint is not used)", r, err)
+			}
+		}
+	})
+	t.Run("internalTrafficPolicy Local without a local endpoint drops", func(t *testing.T) {
+		_, err := Get(c.NS, "", "http://10.96.0.18/")
+		if err == nil || strings.Contains(err.Error(), "refused") {
+			t.Fatalf("got %v, want a failure that is not connection refused (dropped)", err)
+		}
+	})
+	t.Run("no endpoints is rejected at once", func(t *testing.T) {
+		_, err := Get(c.NS, "", "http://10.96.0.16/")
+		if err == nil || !strings.Contains(err.Error(), "refused") {
+			t.Fatalf("got %v, want connection refused", err)
+		}
+	})
+	t.Run("hairpin: a pod reaches itself through its service", func(t *testing.T) {
+		r, err := Get(a.NS, "", "http://10.96.0.21/")
+		if err != nil || r.Pod != "a" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	t.Run("UDP to a ClusterIP is answered from the ClusterIP", func(t *testing.T) {
+		// An unconnected socket: each datagram names the VIP, and the
+		// reply must come back from it (resolvers drop other sources).
+		var conn net.PacketConn
+		if err := netnsutil.Do(pb.NS, func() (err error) { conn, err = net.ListenPacket("udp4", ":0"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		vip := &net.UDPAddr{IP: net.ParseIP("10.96.0.53"), Port: 81}
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.WriteTo([]byte("ping"), vip); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 512)
+		k, from, err := conn.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Fields(string(buf[:k])); len(got) == 0 || got[0] != "a" || from.String() != vip.String() {
+			t.Fatalf("answer %q from %s, want a's answer from %s", buf[:k], from, vip)
+		}
+	})
+}
+
+// dualStack: a dual-stack Service answers on its IPv6 ClusterIP from a pod
+// (source kept), on its IPv4 ClusterIP, and on the node's IPv6 address as
+// a NodePort from outside (SNAT).
+func dualStack(t *testing.T, b Backend) {
+	n := NewNode(t, b, "a", "b")
+	a := n.Pods["a"]
+	n.Svcs = []*corev1.Service{Service("dual", "10.96.0.20", func(s *corev1.Service) {
+		s.Spec.ClusterIPs = []string{"10.96.0.20", "fd00:96::20"}
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30090
+	})}
+	v6 := Slice("dual", Endpoint{n.Pods["b"].IP6.String(), NodeName})
+	v6.Name, v6.AddressType = "dual-v6", discoveryv1.AddressTypeIPv6
+	n.Slices = []*discoveryv1.EndpointSlice{Slice("dual", n.Local("b")), v6}
+	n.Sync()
+	t.Run("IPv6 ClusterIP from a pod", func(t *testing.T) {
+		r, err := Get(a.NS, "", "http://[fd00:96::20]/")
+		if err != nil || r.Pod != "b" || r.Client != a.IP6.String() {
+			t.Fatalf("%+v %v, want b seeing %s", r, err, a.IP6)
+		}
+	})
+	t.Run("IPv4 ClusterIP of the same Service", func(t *testing.T) {
+		if r, err := Get(a.NS, "", "http://10.96.0.20/"); err != nil || r.Pod != "b" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	t.Run("IPv6 NodePort from the node", func(t *testing.T) {
+		if r, err := Get("", "", "http://["+NodeIP6+"]:30090/"); err != nil || r.Pod != "b" {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	t.Run("IPv6 NodePort from outside is masqueraded", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		r, err := Get(n.Ext, "", "http://["+NodeIP6+"]:30090/")
+		if err != nil || r.Pod != "b" || r.Client == ExtIP6 {
+			t.Fatalf("%+v %v, want b seeing a node address", r, err)
+		}
+	})
+}
+
+// restart: a connection opened through a Service keeps working while a
+// fresh backend (a restarted proxy) does its first, full sync, and the
+// Services keep answering.
+func restart(t *testing.T, b Backend) {
+	n := NewNode(t, b, "a", "b")
+	for i := 0; i < 20; i++ {
+		ip := fmt.Sprintf("10.96.1.%d", i+1)
+		n.Svcs = append(n.Svcs, Service(fmt.Sprintf("s%d", i), ip, nil))
+		n.Slices = append(n.Slices, Slice(fmt.Sprintf("s%d", i), n.Local("a")))
+	}
+	n.Sync()
+	var conn net.Conn
+	if err := netnsutil.Do(n.Pods["b"].NS, func() (err error) {
+		conn, err = net.DialTimeout("tcp", "10.96.1.1:81", 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	talk := func(msg string) {
+		t.Helper()
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintln(conn, msg)
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatalf("after %q: %v", msg, err)
+		}
+	}
+	talk("hello")
+	n.Backend = n.NewBackend()
+	n.Sync()
+	talk("after restart")
+	if r, err := Get(n.Pods["b"].NS, "", "http://10.96.1.4/"); err != nil || r.Pod != "a" {
+		t.Fatalf("service after restart: %+v %v", r, err)
+	}
+}
+
+// runProxier runs the whole proxy (tracker, runner, backend, health checks,
+// conntrack cleanup) on the node, fed directly with objects.
+func runProxier(t *testing.T, n *Node) *proxy.Proxier {
+	t.Helper()
+	c := n.Config
+	c.HealthCheckPorts, c.MinSyncPeriod, c.Log = true, 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil))
+	p, _, err := proxy.Build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; _ = p.Cleanup() })
+	return p
+}
+
+// udpBackendReplaced: a UDP client that keeps its connected socket reaches
+// the new backend once the old one is removed.
+func udpBackendReplaced(t *testing.T, b Backend) {
+	b.Need(t, UDPSocketMove)
+	n := NewNode(t, b, "a", "b", "c")
+	p := runProxier(t, n)
+	svc := Service("dns", "10.96.0.53", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 81, Protocol: corev1.ProtocolUDP}}
+	})
+	old := UDPSlice("dns", n.Pods["a"].IP.String())
+	p.OnService(nil, svc)
+	p.OnEndpointSlice(nil, old)
+	p.OnSynced()
+
+	var conn net.Conn
+	if err := netnsutil.Do(n.Pods["c"].NS, func() (err error) { conn, err = net.Dial("udp", "10.96.0.53:81"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func() string {
+		_ = conn.SetDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			return ""
+		}
+		buf := make([]byte, 512)
+		k, err := conn.Read(buf)
+		if err != nil {
+			return ""
+		}
+		return strings.Fields(string(buf[:k]))[0]
+	}
+	testutil.Eventually(t, 10*time.Second, "the first UDP answer from a", func() bool { return ask() == "a" })
+	p.OnEndpointSlice(old, UDPSlice("dns", n.Pods["b"].IP.String()))
+	testutil.Eventually(t, 10*time.Second, "the same UDP socket answered by b", func() bool { return ask() == "b" })
+}
+
+// healthCheckNodePort: 200 with the local endpoint count, 503 without.
+func healthCheckNodePort(t *testing.T, b Backend) {
+	n := NewNode(t, b, "a")
+	p := runProxier(t, n)
+	svc := Service("local", "10.96.0.12", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer // health-check node ports are a LoadBalancer feature
+		s.Spec.Ports = s.Spec.Ports[:1]
+		s.Spec.Ports[0].NodePort = 30081
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		s.Spec.HealthCheckNodePort = 32001
+	})
+	withLocal := Slice("local", n.Local("a"))
+	p.OnService(nil, svc)
+	p.OnEndpointSlice(nil, withLocal)
+	p.OnSynced()
+	health := func() (int, int) {
+		c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(n.Ext, nil)}}
+		resp, err := c.Get("http://" + NodeIP + ":32001/")
+		if err != nil {
+			return 0, -1
+		}
+		defer resp.Body.Close()
+		var body struct {
+			LocalEndpoints int `json:"localEndpoints"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body.LocalEndpoints
+	}
+	testutil.Eventually(t, 10*time.Second, "health check 200 with 1 local endpoint", func() bool { code, k := health(); return code == 200 && k == 1 })
+	p.OnEndpointSlice(withLocal, Slice("local", Endpoint{RemoteEP, OtherNode}))
+	testutil.Eventually(t, 10*time.Second, "health check 503 with 0 local endpoints", func() bool { code, k := health(); return code == 503 && k == 0 })
+}

@@ -1,0 +1,66 @@
+package proxytest
+
+import (
+	"testing"
+
+	"github.com/weftnet/weft/proxy"
+)
+
+// Feature is a proxy feature some scenarios need and a backend may not
+// support yet; its value says what it is.
+type Feature string
+
+// The features a backend can declare unsupported.
+const (
+	// ExternalTraffic is traffic to NodePorts, externalIPs and LoadBalancer
+	// IPs that comes from outside the node (a per-packet path).
+	ExternalTraffic Feature = "NodePort, externalIPs and LoadBalancer IPs reached from outside the node"
+	// Affinity is ClientIP session affinity.
+	Affinity Feature = "ClientIP session affinity"
+	// UDPSocketMove is a connected UDP socket reaching a new backend once
+	// its old one is removed.
+	UDPSocketMove Feature = "connected UDP sockets moved off a removed backend"
+)
+
+// Backend is a proxy backend under test.
+type Backend struct {
+	// Mode is the proxy.Config mode that builds the backend.
+	Mode string
+	// Setup, when not nil, prepares one test for the backend before
+	// anything else is created (e.g. a cgroup the test process joins) and
+	// fills the mode's fields of the node's proxy.Config. It registers its
+	// own cleanup with t.
+	Setup func(t *testing.T, c *proxy.Config)
+	// Unsupported are the features the backend lacks, each with the reason;
+	// the scenarios needing one skip, saying so.
+	Unsupported map[Feature]string
+}
+
+// Need skips the calling scenario when b does not support f, naming the
+// backend, the feature and the reason.
+func (b Backend) Need(t *testing.T, f Feature) {
+	t.Helper()
+	if why, ok := b.Unsupported[f]; ok {
+		t.Skipf("not supported by the %s backend yet: %s (%s)", b.Mode, f, why)
+	}
+}
+
+// Run runs every scenario of the table against b.
+func Run(t *testing.T, b Backend) {
+	for _, s := range scenarios {
+		t.Run(s.name, func(t *testing.T) { s.run(t, b) })
+	}
+}
+
+type scenario struct {
+	name string
+	run  func(t *testing.T, b Backend)
+}
+
+var scenarios = []scenario{
+	{"Services", services},
+	{"DualStack", dualStack},
+	{"RestartUnderOpenConnection", restart},
+	{"UDPBackendReplaced", udpBackendReplaced},
+	{"HealthCheckNodePort", healthCheckNodePort},
+}
