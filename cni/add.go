@@ -28,9 +28,8 @@ func Add(args *skel.CmdArgs) error {
 	if err := removeDisarmed(HostVethName(args.ContainerID, args.IfName)); err != nil {
 		return err
 	}
-	if _, err := pod.handle.LinkByName(args.IfName); err == nil {
-		return types.NewError(types.ErrInvalidEnvironmentVariables,
-			fmt.Sprintf("CNI_IFNAME: interface %q already exists in %s", args.IfName, args.Netns), "")
+	if err := clearRemnant(pod, args.Netns, args.IfName); err != nil {
+		return err
 	}
 
 	store, err := openStore(cfg)

@@ -1,8 +1,13 @@
 // Command weft-cni is the weft CNI plugin, installed in the runtime's CNI
-// bin dir as "weft". The container runtime executes it once per command.
+// bin dir as "weft". The container runtime executes it once per command;
+// DEL also executes it as `weft reap-veth <name>` to finish deleting a veth
+// pair after DEL has returned (see cni.Reap).
 package main
 
 import (
+	"fmt"
+	"os"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
@@ -11,6 +16,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == cni.ReapArg {
+		if err := cni.Reap(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    cni.Add,
 		Del:    cni.Del,
