@@ -29,7 +29,11 @@ type PolicyOptions struct {
 	MinSyncPeriod time.Duration
 	// Resync re-applies everything periodically, repairing drift (default 30 s).
 	Resync time.Duration
-	Log    *slog.Logger
+	// IPAMDataDir is the CNI plugin's allocation state: when set, traffic
+	// from a pod's bridge port must carry that pod's address (source
+	// check, see policy/iptables SourceSetName), reconciled from it.
+	IPAMDataDir string
+	Log         *slog.Logger
 }
 
 // PolicyController enforces NetworkPolicies for the pods of its node: it
@@ -130,6 +134,12 @@ func (c *PolicyController) Run(ctx context.Context) {
 		return
 	case <-c.synced:
 	}
+	if c.opts.IPAMDataDir != "" {
+		if err := c.watchAllocations(ctx); err != nil {
+			// The periodic resync still picks new pods up.
+			c.opts.Log.Error("not watching the CNI allocations: new pods may wait for the resync to send", "err", err)
+		}
+	}
 	tick := time.NewTicker(c.opts.Resync)
 	defer tick.Stop()
 	wait := c.opts.MinSyncPeriod
@@ -179,7 +189,15 @@ func (c *PolicyController) input() policy.Input {
 func (c *PolicyController) sync() error {
 	d := policy.Compile(c.input())
 	c.logRejected(d.Errors)
-	rs := polipt.Render(d, polipt.Config{NodeName: c.opts.NodeName, LogDrops: c.opts.LogDrops})
+	cfg := polipt.Config{NodeName: c.opts.NodeName, LogDrops: c.opts.LogDrops}
+	if c.opts.IPAMDataDir != "" {
+		srcs, err := podSources(c.opts.IPAMDataDir)
+		if err != nil {
+			return fmt.Errorf("pod source addresses: %w", err)
+		}
+		cfg.PodPorts, cfg.Sources = podPorts, srcs
+	}
+	rs := polipt.Render(d, cfg)
 	st, err := c.applier.Apply(rs)
 	if err != nil {
 		return err
@@ -194,7 +212,8 @@ func (c *PolicyController) sync() error {
 		}
 	}
 	if c.v6.Load() { // from the first local IPv6 pod on, for good (so it also cleans up)
-		rs6 := polipt.Render(d, polipt.Config{NodeName: c.opts.NodeName, LogDrops: c.opts.LogDrops, Family: 6})
+		cfg.Family = 6
+		rs6 := polipt.Render(d, cfg)
 		st6, err := c.applier6.Apply(rs6)
 		if err != nil {
 			return fmt.Errorf("ipv6: %w", err)

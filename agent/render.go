@@ -32,7 +32,7 @@ func RenderConflist(c CNIConfig) ([]byte, error) {
 	}
 	list := map[string]any{
 		"cniVersion": "1.1.0",
-		"name":       "weft",
+		"name":       CNINetwork,
 		"plugins": []map[string]any{
 			{"type": "weft", "bridge": c.Bridge, "mtu": c.MTU, "ipam": map[string]any{"ranges": ranges, "dataDir": c.DataDir}},
 			{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true},

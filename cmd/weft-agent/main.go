@@ -117,7 +117,8 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	}
 	var pc *agent.PolicyController
 	if f.networkPolicy || f.cleanup {
-		pc = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, LogDrops: f.policyLogDrops, Resync: f.resync, Log: log.With("component", "policy")})
+		pc = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, LogDrops: f.policyLogDrops, Resync: f.resync,
+			IPAMDataDir: f.dataDir, Log: log.With("component", "policy")})
 	}
 	if f.cleanup {
 		errs := []error{a.Cleanup(), pc.Cleanup()}

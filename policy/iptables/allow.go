@@ -27,50 +27,54 @@ const maxSetRange = 32
 // and a policy edit (new set IDs) switches to fresh sets atomically with
 // the chain. dir is "src" (ingress: the peer sends) or "dst" (egress).
 func allowRules(fam family, rules []policy.Rule, dir string, addrSets map[string]policy.AddrSet, sets map[string]Set) []string {
-	sig := signature(rules)
-	byPort := map[string][]peerBlock{} // "tcp:80" -> peers
-	hasPorts := false
-	type extra struct {
-		all   bool
-		peers []peerBlock
-	}
-	extras := map[string]*extra{} // port match ("" for all) -> peers
-	addExtra := func(match string, all bool, peers []peerBlock) {
-		e, ok := extras[match]
-		if !ok {
-			e = &extra{}
-			extras[match] = e
-		}
-		e.all = e.all || all
-		e.peers = append(e.peers, peers...)
-	}
-	var policies []string
-	for _, r := range rules {
-		peers := []peerBlock{{nets: []netip.Prefix{fam.all()}}}
-		if !r.AllPeers {
-			var ok bool
-			if peers, ok = peerBlocks(fam, r.Peers, addrSets); !ok {
+	// visit calls fn for each allow of the rules that applies to this
+	// family: key is a set port ("tcp:80"), or else match the iptables
+	// port match of a rule of its own ("" for every port and protocol).
+	visit := func(fn func(r policy.Rule, key, match string)) {
+		for _, r := range rules {
+			if !r.AllPeers && !relevant(fam, r.Peers, addrSets) {
 				continue
 			}
+			if len(r.Ports) == 0 {
+				fn(r, "", "")
+				continue
+			}
+			for _, p := range r.Ports {
+				if p.From == 0 || int(p.To)-int(p.From) >= maxSetRange {
+					fn(r, "", portMatch(p))
+					continue
+				}
+				for n := int(p.From); n <= int(p.To); n++ {
+					fn(r, fmt.Sprintf("%s:%d", strings.ToLower(string(p.Protocol)), n), "")
+				}
+			}
 		}
+	}
+	// The structure first; set contents only for sets not rendered yet
+	// (another pod with the same rules shares them).
+	var policies []string
+	hasPorts := false
+	extras := map[string]bool{} // port match -> allows every peer
+	visit(func(r policy.Rule, key, match string) {
 		if !slices.Contains(policies, r.Policy) {
 			policies = append(policies, r.Policy)
 		}
-		if len(r.Ports) == 0 {
-			addExtra("", r.AllPeers, peers)
-			continue
-		}
-		for _, p := range r.Ports {
-			if p.From == 0 || int(p.To)-int(p.From) >= maxSetRange {
-				addExtra(portMatch(p), r.AllPeers, peers)
-				continue
-			}
+		if key != "" {
 			hasPorts = true
-			for n := int(p.From); n <= int(p.To); n++ {
-				k := fmt.Sprintf("%s:%d", strings.ToLower(string(p.Protocol)), n)
-				byPort[k] = append(byPort[k], peers...)
-			}
+		} else {
+			extras[match] = extras[match] || r.AllPeers
 		}
+	})
+	sig := signature(rules)
+	peers := func(r policy.Rule) []peerBlock {
+		if r.AllPeers {
+			return []peerBlock{{nets: []netip.Prefix{fam.all()}}}
+		}
+		var out []peerBlock
+		for _, id := range r.Peers {
+			out = append(out, blockOf(fam, addrSets[id]))
+		}
+		return out
 	}
 	comment := fmt.Sprintf("-m comment --comment %q", strings.Join(policies, ","))
 	if len(comment) > 240 {
@@ -80,6 +84,12 @@ func allowRules(fam family, rules []policy.Rule, dir string, addrSets map[string
 	if hasPorts {
 		name := setName(fam, sig+"|ports")
 		if _, done := sets[name]; !done {
+			byPort := map[string][]peerBlock{}
+			visit(func(r policy.Rule, key, _ string) {
+				if key != "" {
+					byPort[key] = append(byPort[key], peers(r)...)
+				}
+			})
 			s := Set{Name: name, Type: "hash:net,port"}
 			for _, k := range sortedKeys(byPort) {
 				for _, e := range setEntries(byPort[k]) {
@@ -92,40 +102,38 @@ func allowRules(fam family, rules []policy.Rule, dir string, addrSets map[string
 		out = append(out, fmt.Sprintf("-m set --match-set %s %s,dst %s -j RETURN", name, dir, comment))
 	}
 	for _, match := range sortedKeys(extras) {
-		e := extras[match]
-		if e.all {
+		if extras[match] {
 			out = append(out, match+comment+" -j RETURN")
 			continue
 		}
 		name := setName(fam, sig+"|"+match)
 		if _, done := sets[name]; !done {
-			s := Set{Name: name, Type: "hash:net"}
-			s.Members = setEntries(e.peers)
-			sets[name] = s
+			var blocks []peerBlock
+			visit(func(r policy.Rule, key, m string) {
+				if key == "" && m == match {
+					blocks = append(blocks, peers(r)...)
+				}
+			})
+			sets[name] = Set{Name: name, Type: "hash:net", Members: setEntries(blocks)}
 		}
 		out = append(out, fmt.Sprintf("-m set --match-set %s %s %s%s -j RETURN", name, dir, match, comment))
 	}
 	return out
 }
 
-// peerBlocks is the union of a rule's peer sets in the family; false when
-// none of them can ever hold an address of the family (ipBlocks of the
-// other one), so that the rule has no place in this family's ruleset.
-// Pod sets count even when empty now: whether a rule is rendered depends
-// on the policies, not on which pods exist, so pods coming and going only
-// change set contents.
-func peerBlocks(fam family, ids []string, addrSets map[string]policy.AddrSet) ([]peerBlock, bool) {
-	var out []peerBlock
-	relevant := false
+// relevant reports whether a rule's peers can hold an address of the
+// family: false when they are ipBlocks of the other one only. Pod sets
+// count even when empty now: whether a rule is rendered depends on the
+// policies, not on which pods exist, so pods coming and going only change
+// set contents.
+func relevant(fam family, ids []string, addrSets map[string]policy.AddrSet) bool {
 	for _, id := range ids {
 		s := addrSets[id]
-		if s.Kind == policy.SetNets && !slices.ContainsFunc(s.Nets, func(n netip.Prefix) bool { return fam.has(n.Addr()) }) {
-			continue
+		if s.Kind != policy.SetNets || slices.ContainsFunc(s.Nets, func(n netip.Prefix) bool { return fam.has(n.Addr()) }) {
+			return true
 		}
-		relevant = true
-		out = append(out, blockOf(fam, s))
 	}
-	return out, relevant
+	return false
 }
 
 // signature identifies a direction's rules by their structure: the peer

@@ -24,6 +24,9 @@ type bed struct {
 	world    *nt.World
 	targets  map[string]nt.Target // IPv4
 	targets6 map[string]nt.Target // IPv6
+	sources  []polipt.Source      // every pod's bridge port and addresses
+	// checkSources makes apply hold pod traffic to its sources.
+	checkSources bool
 }
 
 const nodeName = "node1"
@@ -88,6 +91,7 @@ func (b *bed) addPod(t *testing.T, name, br string, ip, ip6 netip.Addr, subnet i
 	}
 	t.Cleanup(func() { _ = netnsutil.Delete(name) })
 	host := "v" + name[4:]
+	b.sources = append(b.sources, polipt.Source{Port: host, Addrs: []netip.Addr{ip, ip6}})
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host}, PeerName: "eth0"}
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatal(err)

@@ -23,7 +23,11 @@ func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
 func (b *bed) apply(t *testing.T, a *polipt.Applier, w *nt.World, pols []*networkingv1.NetworkPolicy) policy.Desired {
 	t.Helper()
 	d := policy.Compile(policy.Input{Pods: w.Pods, Namespaces: w.Namespaces, Policies: pols})
-	if _, err := a.Apply(polipt.Render(d, polipt.Config{NodeName: nodeName, LogDrops: true})); err != nil {
+	cfg := polipt.Config{NodeName: nodeName, LogDrops: true, Family: a.Family}
+	if b.checkSources {
+		cfg.PodPorts, cfg.Sources = "v+", b.sources
+	}
+	if _, err := a.Apply(polipt.Render(d, cfg)); err != nil {
 		t.Fatalf("apply: %v", err)
 	}
 	return d

@@ -40,6 +40,11 @@ type Config struct {
 	LogRate string
 	// Family is 4 (the default) or 6.
 	Family int
+	// PodPorts, when set, is the iptables interface pattern of the pods'
+	// bridge ports ("weft+"): traffic entering from one must carry the
+	// address of the pod on that port, as Sources say (see ChainSource).
+	PodPorts string
+	Sources  []Source
 }
 
 // Ruleset is one node's policy state.
@@ -126,12 +131,19 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 			nd = append(nd, "-p ipv6-icmp -m icmp6 --icmpv6-type "+typ+" -j RETURN")
 		}
 	}
-	established := "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"
+	// The source check comes before the shortcut for established flows:
+	// a forged packet could belong to another pod's connection.
+	head := []string{"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"}
+	if cfg.PodPorts != "" {
+		src, jump := sourceChain(fam, cfg)
+		rs.Chains = append(rs.Chains, src)
+		head = append([]string{jump}, head...)
+	}
 	rs.Chains = append(rs.Chains,
 		Chain{ChainIngress, ingress},
 		Chain{ChainEgress, egress},
-		Chain{ChainForward, slices.Concat([]string{established}, nd, []string{"-j " + ChainEgress, "-j " + ChainIngress})},
-		Chain{ChainInput, slices.Concat([]string{established}, nd, []string{"-j " + ChainEgress})},
+		Chain{ChainForward, slices.Concat(head, nd, []string{"-j " + ChainEgress, "-j " + ChainIngress})},
+		Chain{ChainInput, slices.Concat(head, nd, []string{"-j " + ChainEgress})},
 	)
 	return rs
 }
