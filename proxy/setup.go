@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/healthcheck"
 	"github.com/weftnet/weft/proxy/iptables"
 )
@@ -24,6 +25,10 @@ type Config struct {
 	SyncPeriod        time.Duration
 	HealthCheckPorts  bool
 	Log               *slog.Logger
+	// eBPF mode: the cgroup v2 directory the socket programs attach to
+	// (default: the cgroup v2 mount) and the bpffs directory of weft's
+	// pinned maps and links (default ebpf.DefaultPinPath).
+	CgroupRoot, BPFPinPath string
 }
 
 // NodePortIPs are the node addresses NodePorts answer on.
@@ -77,8 +82,14 @@ func Build(c Config) (*Proxier, Backend, error) {
 			NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), ClusterCIDRs: c.ClusterCIDRs,
 			MasqueradeAll: c.MasqueradeAll, MasqueradeBit: c.MasqueradeBit,
 		}, c.Families(), iptables.Exec{Variant: c.IPTablesVariant})
+	case "ebpf":
+		eb, err := newEBPF(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		b = eb
 	default:
-		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables)", c.Mode)
+		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables, ebpf)", c.Mode)
 	}
 	o := Options{NodeName: c.NodeName, Zone: c.Zone, MinSyncPeriod: c.MinSyncPeriod, SyncPeriod: c.SyncPeriod,
 		Log: c.Log, FlushUDP: flushUDP}
@@ -86,4 +97,19 @@ func Build(c Config) (*Proxier, Backend, error) {
 		o.Health = healthcheck.NewServer()
 	}
 	return New(b, o), b, nil
+}
+
+// newEBPF builds the eBPF backend, filling in the default paths.
+func newEBPF(c Config) (*ebpf.Backend, error) {
+	root, pin := c.CgroupRoot, c.BPFPinPath
+	if root == "" {
+		var err error
+		if root, err = ebpf.CgroupV2Mount(); err != nil {
+			return nil, fmt.Errorf("--cgroup-root: %w", err)
+		}
+	}
+	if pin == "" {
+		pin = ebpf.DefaultPinPath
+	}
+	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin})
 }

@@ -1,0 +1,214 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// hook is one cgroup hook weft attaches a program to.
+type hook struct {
+	name   string // the link's pin name is "link_" + name
+	attach ebpf.AttachType
+	prog   func(*sockPrograms) *ebpf.Program
+}
+
+var hooks = []hook{
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(p *sockPrograms) *ebpf.Program { return p.WeftConnect4 }},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(p *sockPrograms) *ebpf.Program { return p.WeftConnect6 }},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(p *sockPrograms) *ebpf.Program { return p.WeftSendmsg4 }},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(p *sockPrograms) *ebpf.Program { return p.WeftSendmsg6 }},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(p *sockPrograms) *ebpf.Program { return p.WeftRecvmsg4 }},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(p *sockPrograms) *ebpf.Program { return p.WeftRecvmsg6 }},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(p *sockPrograms) *ebpf.Program { return p.WeftGetpeername4 }},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(p *sockPrograms) *ebpf.Program { return p.WeftGetpeername6 }},
+}
+
+// mapNames are the maps weft pins (the names in bpf/sock.c).
+var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity"}
+
+// Backend is the eBPF service proxy backend.
+type Backend struct {
+	cfg   Config
+	objs  *sockObjects
+	links []link.Link
+	w     *writer
+}
+
+// New checks that the kernel and the configured paths support the
+// backend and returns it; the programs are loaded and attached by the
+// first Sync (so that --cleanup loads nothing).
+func New(cfg Config) (*Backend, error) {
+	if err := Probe(cfg); err != nil {
+		return nil, err
+	}
+	return &Backend{cfg: cfg}, nil
+}
+
+// Probe returns an error naming the first thing the backend needs that
+// the kernel or the node lacks.
+func Probe(cfg Config) error {
+	if err := features.HaveProgramType(ebpf.CGroupSockAddr); err != nil {
+		return fmt.Errorf("ebpf mode: the kernel lacks cgroup sock_addr programs (Linux >= 4.17): %w", err)
+	}
+	for _, h := range []struct {
+		fn   asm.BuiltinFunc
+		what string
+	}{
+		{asm.FnGetSocketCookie, "bpf_get_socket_cookie in cgroup sock_addr programs (Linux >= 5.3)"},
+		{asm.FnGetNetnsCookie, "bpf_get_netns_cookie in cgroup sock_addr programs (Linux >= 5.7)"},
+		{asm.FnSetRetval, "bpf_set_retval (Linux >= 5.18), to refuse connections to a Service without endpoints"},
+	} {
+		if err := features.HaveProgramHelper(ebpf.CGroupSockAddr, h.fn); err != nil {
+			return fmt.Errorf("ebpf mode: the kernel lacks %s: %w", h.what, err)
+		}
+	}
+	if err := isFS(cfg.CgroupRoot, unix.CGROUP2_SUPER_MAGIC); err != nil {
+		return fmt.Errorf("--cgroup-root %s: not a cgroup v2 directory: %w", cfg.CgroupRoot, err)
+	}
+	if err := isFS(filepath.Dir(cfg.PinPath), unix.BPF_FS_MAGIC); err != nil {
+		return fmt.Errorf("--bpf-pin-path %s: not in a bpffs mount: %w", cfg.PinPath, err)
+	}
+	return nil
+}
+
+func isFS(path string, magic int64) error {
+	if path == "" {
+		return errors.New("not set")
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return err
+	}
+	if int64(st.Type) != magic {
+		return fmt.Errorf("file system type %#x", st.Type)
+	}
+	return nil
+}
+
+// Sync makes the maps hold st's frontends; the first sync loads the
+// programs (reusing pinned maps and links: a restart reads the maps back
+// and swaps its programs into the links) and rewrites everything.
+func (b *Backend) Sync(st model.State, full bool) error {
+	if b.objs == nil {
+		if err := b.start(); err != nil {
+			return fmt.Errorf("starting the ebpf backend: %w", err)
+		}
+		full = true
+	}
+	if err := b.w.apply(Render(b.cfg, st), full); err != nil {
+		return fmt.Errorf("syncing ebpf maps: %w", err)
+	}
+	return nil
+}
+
+// LastStats are the map writes of the last sync.
+func (b *Backend) LastStats() Stats {
+	if b.w == nil {
+		return Stats{}
+	}
+	return b.w.Stats
+}
+
+func (b *Backend) start() error {
+	if err := os.MkdirAll(b.cfg.PinPath, 0o700); err != nil {
+		return err
+	}
+	var objs sockObjects
+	if err := loadSockObjects(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: b.cfg.PinPath}}); err != nil {
+		return fmt.Errorf("loading the socket programs: %w", err)
+	}
+	w := newWriter(objs.WeftServices, objs.WeftBackends)
+	if err := w.load(); err != nil {
+		_ = objs.Close()
+		return err
+	}
+	var links []link.Link
+	for _, h := range hooks {
+		l, err := b.attach(h, h.prog(&objs.sockPrograms))
+		if err != nil {
+			for _, l := range links {
+				_ = l.Close()
+			}
+			_ = objs.Close()
+			return fmt.Errorf("attaching %s to %s: %w", h.name, b.cfg.CgroupRoot, err)
+		}
+		links = append(links, l)
+	}
+	b.objs, b.links, b.w = &objs, links, w
+	return nil
+}
+
+// attach swaps prog into the pinned link of h, or attaches and pins a new
+// link; other programs on the cgroup are left alone.
+func (b *Backend) attach(h hook, prog *ebpf.Program) (link.Link, error) {
+	path := filepath.Join(b.cfg.PinPath, "link_"+h.name)
+	l, err := link.LoadPinnedLink(path, nil)
+	if err == nil {
+		if err := l.Update(prog); err != nil {
+			_ = l.Close()
+			return nil, fmt.Errorf("updating the pinned link: %w", err)
+		}
+		return l, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("loading the pinned link: %w", err)
+	}
+	l, err = link.AttachCgroup(link.CgroupOptions{Path: b.cfg.CgroupRoot, Attach: h.attach, Program: prog})
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Pin(path); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("pinning the link: %w", err)
+	}
+	return l, nil
+}
+
+// Cleanup detaches weft's programs and removes its pinned links and maps:
+// what is pinned under the pin path by the names weft uses, nothing else.
+func (b *Backend) Cleanup() error {
+	var errs []error
+	for _, l := range b.links {
+		_ = l.Unpin()
+		_ = l.Close()
+	}
+	b.links = nil
+	if b.objs != nil {
+		_ = b.objs.Close()
+		b.objs, b.w = nil, nil
+	}
+	for _, h := range hooks {
+		path := filepath.Join(b.cfg.PinPath, "link_"+h.name)
+		l, err := link.LoadPinnedLink(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cleanup: loading %s: %w", path, err))
+			continue
+		}
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("cleanup: unpinning %s: %w", path, err))
+		}
+		_ = l.Close() // the last reference: the program detaches
+	}
+	for _, name := range mapNames {
+		if err := os.Remove(filepath.Join(b.cfg.PinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("cleanup: %w", err))
+		}
+	}
+	if err := os.Remove(b.cfg.PinPath); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) {
+		errs = append(errs, fmt.Errorf("cleanup: %w", err))
+	}
+	return errors.Join(errs...)
+}

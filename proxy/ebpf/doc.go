@@ -1,0 +1,22 @@
+// Package ebpf is weft's eBPF service proxy backend. This first increment
+// is socket-level load balancing: programs on the cgroup v2 hooks connect,
+// sendmsg, recvmsg and getpeername (IPv4 and IPv6, bpf/sock.c) translate a
+// Service address to a backend when a socket connects or sends a datagram,
+// so east-west traffic is never NATed per packet, and show the Service
+// address back to the application.
+//
+// Compute, then apply: Render (pure) turns the proxy model into frontends,
+// each an address, port and protocol with its backend list and verdict;
+// the map writer turns the difference into map writes, ordered so that
+// every update is atomic for a reader (see bpf/sock.c): backends first,
+// then the inactive half of a frontend's slot space, then its master
+// entry, which flips to the new half with the new count; orphan backends
+// go last. The maps and the program links are pinned under a bpffs
+// directory, so programs stay attached and the maps keep their content
+// across a restart; a new proxy reads the maps back and swaps its programs
+// into the pinned links.
+//
+// Not yet here (see docs/architecture.md, "eBPF backend"): the per-packet
+// path for traffic from outside the node, loadBalancerSourceRanges,
+// terminating connected UDP sockets on a removed backend.
+package ebpf

@@ -1,0 +1,336 @@
+package ebpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// slotHalf is the size of each half of a frontend's slot space (SLOT_HALF
+// in bpf/sock.c); a frontend has at most slotHalf-1 backends.
+const slotHalf = 32768
+
+// Master entry flags (SVC_* in bpf/sock.c).
+const (
+	flagReject = 1
+	flagDrop   = 2
+)
+
+// frontendState is what the maps hold for one frontend.
+type frontendState struct {
+	id       uint32
+	half     uint8
+	flags    uint8
+	affinity uint32
+	backends []uint32  // the active list
+	used     [2]uint16 // the highest slot written in each half
+}
+
+// writer keeps the services and backends maps equal to the desired
+// frontends, remembering what it wrote (or, after a restart, what it read
+// back) so that a sync writes only what changed.
+type writer struct {
+	services, backends *ebpf.Map
+	fronts             map[FrontendKey]*frontendState
+	backendID          map[netip.AddrPort]uint32
+	backendAddr        map[uint32]netip.AddrPort
+	nextBackend        uint32
+	nextFront          uint32
+	// Stats of the last apply.
+	Stats Stats
+}
+
+// Stats count the map writes of one sync.
+type Stats struct {
+	Frontends        int // frontends written
+	Removed          int // frontends deleted
+	BackendsAdded    int
+	BackendsRemoved  int
+	SlotsWritten     int
+	UnchangedSkipped int
+}
+
+func newWriter(services, backends *ebpf.Map) *writer {
+	return &writer{services: services, backends: backends, fronts: map[FrontendKey]*frontendState{},
+		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{}}
+}
+
+// load reads the maps back (after a restart).
+func (w *writer) load() error {
+	var k sockBackend
+	var id uint32
+	it := w.backends.Iterate()
+	for it.Next(&id, &k) {
+		ap := netip.AddrPortFrom(fromWords(k.Addr), ntohs(k.Port))
+		w.backendID[ap], w.backendAddr[id] = id, ap
+		w.nextBackend = max(w.nextBackend, id)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading the backends map: %w", err)
+	}
+	var sk sockSvcKey
+	var sv sockSvcValue
+	slots := map[FrontendKey]map[uint16]uint32{}
+	it = w.services.Iterate()
+	for it.Next(&sk, &sv) {
+		fk := FrontendKey{Addr: fromWords(sk.Addr), Port: ntohs(sk.Port), Protocol: protocolOf(sk.Proto)}
+		if sk.Slot == 0 {
+			w.fronts[fk] = &frontendState{id: sv.SvcId, half: sv.Half, flags: sv.Flags, affinity: sv.AffinityTimeout,
+				backends: make([]uint32, sv.Count)}
+			w.nextFront = max(w.nextFront, sv.SvcId)
+			continue
+		}
+		if slots[fk] == nil {
+			slots[fk] = map[uint16]uint32{}
+		}
+		slots[fk][sk.Slot] = sv.BackendId
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading the services map: %w", err)
+	}
+	for fk, f := range w.fronts {
+		for slot, id := range slots[fk] {
+			h := slot / slotHalf
+			f.used[h] = max(f.used[h], slot%slotHalf)
+			if i := int(slot%slotHalf) - 1; uint8(h) == f.half && i < len(f.backends) {
+				f.backends[i] = id
+			}
+		}
+	}
+	// Frontends whose slots are gone (a crash mid-removal) are removed by
+	// the next apply; orphan slots without a master are deleted here.
+	for fk, s := range slots {
+		if w.fronts[fk] == nil {
+			for slot := range s {
+				_ = w.services.Delete(svcKey(fk, slot))
+			}
+		}
+	}
+	return nil
+}
+
+// apply makes the maps hold want; with full it rewrites every frontend.
+func (w *writer) apply(want map[FrontendKey]Frontend, full bool) error {
+	w.Stats = Stats{}
+	keys := make([]FrontendKey, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return less(keys[i], keys[j]) })
+	var errs []error
+	for _, k := range keys {
+		if err := w.write(k, want[k], full); err != nil {
+			errs = append(errs, fmt.Errorf("service port %s, frontend %s: %w", want[k].Service, k, err))
+		}
+	}
+	for k, f := range w.fronts {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		if err := w.remove(k, f); err != nil {
+			errs = append(errs, fmt.Errorf("removing frontend %s: %w", k, err))
+		}
+	}
+	if err := w.collect(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (k FrontendKey) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Protocol)
+}
+
+func less(a, b FrontendKey) bool {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c < 0
+	}
+	if a.Port != b.Port {
+		return a.Port < b.Port
+	}
+	return a.Protocol < b.Protocol
+}
+
+// write programs one frontend: new backends, then the inactive half of its
+// slots, then its master entry. On error the master entry is unchanged, so
+// readers keep the previous state.
+func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
+	if len(f.Backends) >= slotHalf {
+		return fmt.Errorf("%d backends, at most %d are supported", len(f.Backends), slotHalf-1)
+	}
+	ids := make([]uint32, len(f.Backends))
+	for i, ap := range f.Backends {
+		id, err := w.backend(ap)
+		if err != nil {
+			return err
+		}
+		ids[i] = id
+	}
+	flags := uint8(0)
+	switch f.Verdict {
+	case Reject:
+		flags = flagReject
+	case Drop:
+		flags = flagDrop
+	}
+	cur := w.fronts[k]
+	if cur != nil && !full && cur.flags == flags && cur.affinity == uint32(f.AffinitySeconds) && equalIDs(cur.backends, ids) {
+		w.Stats.UnchangedSkipped++
+		return nil
+	}
+	next := &frontendState{flags: flags, affinity: uint32(f.AffinitySeconds), backends: ids}
+	if cur != nil {
+		next.id, next.half, next.used = cur.id, 1-cur.half, cur.used
+	} else {
+		w.nextFront++
+		next.id = w.nextFront
+	}
+	base := uint16(next.half) * slotHalf
+	if len(ids) > 0 {
+		keys := make([]sockSvcKey, len(ids))
+		vals := make([]sockSvcValue, len(ids))
+		for i, id := range ids {
+			keys[i], vals[i] = svcKey(k, base+uint16(i)+1), sockSvcValue{BackendId: id}
+		}
+		if _, err := w.services.BatchUpdate(keys, vals, nil); err != nil {
+			return fmt.Errorf("writing %d backend slots: %w", len(ids), err)
+		}
+		w.Stats.SlotsWritten += len(ids)
+	}
+	if err := w.deleteSlots(k, base, uint16(len(ids))+1, next.used[next.half]); err != nil {
+		return err
+	}
+	next.used[next.half] = uint16(len(ids))
+	m := sockSvcValue{Count: uint16(len(ids)), Half: next.half, Flags: flags, SvcId: next.id, AffinityTimeout: next.affinity}
+	if err := w.services.Update(svcKey(k, 0), m, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("writing the master entry: %w", err)
+	}
+	w.fronts[k] = next
+	w.Stats.Frontends++
+	return nil
+}
+
+// deleteSlots deletes slots base+from .. base+to of a frontend.
+func (w *writer) deleteSlots(k FrontendKey, base, from, to uint16) error {
+	for s := from; s <= to && s > 0; s++ {
+		if err := w.services.Delete(svcKey(k, base+s)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting slot %d: %w", base+s, err)
+		}
+	}
+	return nil
+}
+
+// remove deletes a frontend: the master entry first (readers stop finding
+// it), then its slots.
+func (w *writer) remove(k FrontendKey, f *frontendState) error {
+	if err := w.services.Delete(svcKey(k, 0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	delete(w.fronts, k)
+	w.Stats.Removed++
+	for h := range uint16(2) {
+		if err := w.deleteSlots(k, h*slotHalf, 1, f.used[h]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// backend returns the id of ap, writing a new backend entry if needed.
+func (w *writer) backend(ap netip.AddrPort) (uint32, error) {
+	if id, ok := w.backendID[ap]; ok {
+		return id, nil
+	}
+	id := w.nextBackend + 1
+	if err := w.backends.Update(id, sockBackend{Addr: toWords(ap.Addr()), Port: htons(ap.Port())}, ebpf.UpdateAny); err != nil {
+		return 0, fmt.Errorf("writing backend %s: %w", ap, err)
+	}
+	w.nextBackend = id
+	w.backendID[ap], w.backendAddr[id] = id, ap
+	w.Stats.BackendsAdded++
+	return id, nil
+}
+
+// collect deletes the backends no active list uses any more.
+func (w *writer) collect() error {
+	used := map[uint32]bool{}
+	for _, f := range w.fronts {
+		for _, id := range f.backends {
+			used[id] = true
+		}
+	}
+	var errs []error
+	for id, ap := range w.backendAddr {
+		if used[id] {
+			continue
+		}
+		if err := w.backends.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("deleting backend %s: %w", ap, err))
+			continue
+		}
+		delete(w.backendAddr, id)
+		delete(w.backendID, ap)
+		w.Stats.BackendsRemoved++
+	}
+	return errors.Join(errs...)
+}
+
+func equalIDs(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func svcKey(k FrontendKey, slot uint16) sockSvcKey {
+	return sockSvcKey{Addr: toWords(k.Addr), Port: htons(k.Port), Proto: protocolNumber(k.Protocol), Slot: slot}
+}
+
+// toWords lays an address out as bpf/sock.c reads it: 16 bytes in network
+// order, IPv4 as ::ffff:a.b.c.d.
+func toWords(a netip.Addr) [4]uint32 {
+	b := a.As16()
+	var w [4]uint32
+	for i := range w {
+		w[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+func fromWords(w [4]uint32) netip.Addr {
+	var b [16]byte
+	for i := range w {
+		binary.NativeEndian.PutUint32(b[4*i:], w[i])
+	}
+	return netip.AddrFrom16(b).Unmap()
+}
+
+// htons gives the value whose bytes in memory are p in network order.
+func htons(p uint16) uint16 { return binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, p)) }
+
+func ntohs(p uint16) uint16 { return binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, p)) }
+
+func protocolNumber(p model.Protocol) uint8 {
+	if p == model.UDP {
+		return 17
+	}
+	return 6
+}
+
+func protocolOf(n uint8) model.Protocol {
+	if n == 17 {
+		return model.UDP
+	}
+	return model.TCP
+}
