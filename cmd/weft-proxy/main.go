@@ -23,13 +23,14 @@ import (
 	"github.com/weftnet/weft/internal/httpserve"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
+	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/model"
 )
 
 type flags struct {
 	kubeconfig, manifests, mode, node, zone, variant string
-	healthz, metrics                                 string
+	healthz, metrics, cgroupRoot, bpfPinPath         string
 	nodeIPs                                          cliflag.Addrs
 	clusterCIDRs, nodePortAddrs                      cliflag.Prefixes
 	masqAll, dryRun, cleanup                         bool
@@ -41,7 +42,7 @@ func main() {
 	var f flags
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig: watch Services and EndpointSlices with informers")
 	flag.StringVar(&f.manifests, "manifests", "", "directory of YAML/JSON Services and EndpointSlices, reloaded on change")
-	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables")
+	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables or ebpf")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (for Local traffic policies)")
 	flag.StringVar(&f.zone, "zone", "", "this node's zone (topology hints)")
 	flag.Var(&f.nodeIPs, "node-ip", "this node's address (repeatable); NodePorts answer on it")
@@ -50,6 +51,8 @@ func main() {
 	flag.BoolVar(&f.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
 	flag.IntVar(&f.masqBit, "masquerade-bit", 14, "fwmark bit marking traffic to masquerade (the next bit marks drops)")
 	flag.StringVar(&f.variant, "iptables", "", "iptables variant: nft, legacy, or empty for the system default")
+	flag.StringVar(&f.cgroupRoot, "cgroup-root", "", "ebpf mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
+	flag.StringVar(&f.bpfPinPath, "bpf-pin-path", ebpf.DefaultPinPath, "ebpf mode: bpffs directory for weft's pinned maps and links")
 	flag.DurationVar(&f.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between syncs")
 	flag.DurationVar(&f.sync, "sync-period", time.Hour, "period of full resyncs")
 	flag.StringVar(&f.healthz, "healthz-addr", ":10256", "address for /healthz and /livez (empty: off)")
@@ -69,6 +72,7 @@ func parseConfig(f flags, log *slog.Logger) proxy.Config {
 	c := proxy.Config{Mode: f.mode, NodeName: f.node, Zone: f.zone, MasqueradeAll: f.masqAll, MasqueradeBit: f.masqBit,
 		IPTablesVariant: f.variant, MinSyncPeriod: f.minSync, SyncPeriod: f.sync, HealthCheckPorts: !f.dryRun, Log: log}
 	c.NodeIPs, c.ClusterCIDRs, c.NodePortAddresses = f.nodeIPs, f.clusterCIDRs, f.nodePortAddrs
+	c.CgroupRoot, c.BPFPinPath = f.cgroupRoot, f.bpfPinPath
 	return c
 }
 
