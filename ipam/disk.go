@@ -16,9 +16,13 @@ import (
 const (
 	lockFile   = "lock"
 	stateFile  = "state.json"
-	tempPrefix = stateFile + ".tmp-"
+	bootFile   = "boot"
+	tempInfix  = ".tmp-"
 	maxNameLen = 255 // NAME_MAX
 )
+
+// bootIDFile holds the kernel's random ID of the current boot.
+var bootIDFile = "/proc/sys/kernel/random/boot_id"
 
 // NetworkDir returns the directory holding the state of network under
 // dataDir, rejecting network names that are not a single path element.
@@ -42,6 +46,17 @@ func NetworkDir(dataDir, network string) (string, error) {
 // every operation (and never deleted) and dir/state.json holds the State,
 // replaced atomically on every change. It is safe for concurrent use by
 // goroutines and processes; each operation opens its own lock descriptor.
+//
+// Durability is paid once per boot, not once per change. dir/boot names
+// the boot (the kernel's boot_id) since which state.json has been replaced
+// without fsync. The first save of a boot writes state.json durably
+// (fsync, rename, fsync of the directory) and only then records the boot,
+// durably too; later saves of that boot write and rename without fsync,
+// which within one running kernel is just as atomic for every reader and
+// survives any process being killed. Only a kernel crash or power loss can
+// then leave state.json stale or torn, and it also ends every pod the
+// state describes: a state.json that does not parse while dir/boot names
+// another boot is read as empty instead of as corrupt.
 type DiskStore struct {
 	dir string
 }
@@ -161,28 +176,67 @@ func (s *DiskStore) load() (*State, error) {
 	}
 	st, err := UnmarshalState(b)
 	if err != nil {
+		if mark, boot := s.markedBoot(), currentBoot(); boot != "" && mark != "" && mark != boot {
+			// Saved without fsync in a boot that ended in a crash,
+			// which also ended the pods it described.
+			return NewState(), nil
+		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return st, nil
 }
 
-// save replaces the state file with b atomically and durably: write a
-// temporary file, fsync it, rename it over the state file, fsync the
-// directory.
+// save replaces the state file with b atomically, durably on the first
+// save of a boot (then recording the boot), without fsync after that.
 func (s *DiskStore) save(b []byte) error {
-	tmp := filepath.Join(s.dir, tempPrefix+strconv.Itoa(os.Getpid()))
-	if err := writeFileSync(tmp, b); err != nil {
-		_ = os.Remove(tmp)
+	boot := currentBoot()
+	durable := boot == "" || s.markedBoot() != boot
+	if err := s.replace(stateFile, b, durable); err != nil {
 		return fmt.Errorf("save ipam state: %w", err)
 	}
-	if err := os.Rename(tmp, s.StatePath()); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("save ipam state: %w", err)
-	}
-	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("save ipam state: %w", err)
+	if durable && boot != "" {
+		if err := s.replace(bootFile, []byte(boot+"\n"), true); err != nil {
+			return fmt.Errorf("save ipam state: recording the boot: %w", err)
+		}
 	}
 	return nil
+}
+
+// replace writes b to a temporary file and renames it over dir/name. When
+// durable, the file is fsynced before the rename and the directory after.
+func (s *DiskStore) replace(name string, b []byte, durable bool) error {
+	tmp := filepath.Join(s.dir, name+tempInfix+strconv.Itoa(os.Getpid()))
+	if err := writeFile(tmp, b, durable); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(s.dir, name)); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if durable {
+		return syncDir(s.dir)
+	}
+	return nil
+}
+
+// markedBoot returns the boot recorded in dir/boot, "" if none.
+func (s *DiskStore) markedBoot() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, bootFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// currentBoot returns the ID of the running boot, "" if the kernel does not
+// tell (then every save is durable).
+func currentBoot() string {
+	b, err := os.ReadFile(bootIDFile)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // removeTemps deletes leftover temporary state files; errors are ignored
@@ -193,13 +247,13 @@ func (s *DiskStore) removeTemps() {
 		return
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), tempPrefix) {
+		if strings.HasPrefix(e.Name(), stateFile+tempInfix) || strings.HasPrefix(e.Name(), bootFile+tempInfix) {
 			_ = os.Remove(filepath.Join(s.dir, e.Name()))
 		}
 	}
 }
 
-func writeFileSync(path string, b []byte) error {
+func writeFile(path string, b []byte, sync bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -208,9 +262,11 @@ func writeFileSync(path string, b []byte) error {
 		_ = f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return err
+		}
 	}
 	return f.Close()
 }

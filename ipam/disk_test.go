@@ -228,3 +228,80 @@ func TestDiskStoreConcurrentStores(t *testing.T) {
 		t.Errorf("temporary files left behind: %v", m)
 	}
 }
+
+// TestDiskStoreBoots: the first save of a boot records the boot; a state
+// file that does not parse is corrupt if it was saved in this boot, and
+// read as empty if it was saved (without fsync) in an earlier one, whose
+// crash also ended its pods; a parseable one from an earlier boot is kept.
+func TestDiskStoreBoots(t *testing.T) {
+	tmp := t.TempDir()
+	bootID := filepath.Join(tmp, "boot_id")
+	boot := func(id string) {
+		t.Helper()
+		if err := os.WriteFile(bootID, []byte(id+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer ipam.SetBootIDFile(bootID)()
+	dir := filepath.Join(tmp, "net")
+	s := openDisk(t, dir)
+	pool, err := dualPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := func() []ipam.Key {
+		t.Helper()
+		var k []ipam.Key
+		if err := s.View(func(st *ipam.State) error { k = st.Keys(); return nil }); err != nil {
+			t.Fatalf("View: %v", err)
+		}
+		return k
+	}
+	allocate := func(id string) error {
+		return s.Update(func(st *ipam.State) error {
+			_, err := pool.Allocate(st, ipam.Key{ContainerID: id, IfName: "eth0"})
+			return err
+		})
+	}
+	marked := func() string {
+		b, _ := os.ReadFile(filepath.Join(dir, "boot"))
+		return strings.TrimSpace(string(b))
+	}
+
+	boot("boot-a")
+	for _, id := range []string{"a1", "a2"} {
+		if err := allocate(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := marked(); m != "boot-a" {
+		t.Fatalf("recorded boot %q, want boot-a", m)
+	}
+	if k := keys(); len(k) != 2 {
+		t.Fatalf("keys %v, want a1 and a2", k)
+	}
+
+	torn := []byte(`{"version": 1, "allocations": [{"contain`)
+	if err := os.WriteFile(s.StatePath(), torn, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := allocate("a3"); !errors.Is(err, ipam.ErrCorruptState) {
+		t.Fatalf("Update over a torn state of this boot: %v, want ErrCorruptState", err)
+	}
+
+	boot("boot-b") // the torn file was left by boot-a's crash
+	if k := keys(); len(k) != 0 {
+		t.Fatalf("keys of a torn state from an earlier boot: %v, want none", k)
+	}
+	if err := allocate("b1"); err != nil {
+		t.Fatalf("Update over a torn state from an earlier boot: %v", err)
+	}
+	if m := marked(); m != "boot-b" {
+		t.Fatalf("recorded boot %q, want boot-b", m)
+	}
+
+	boot("boot-c")
+	if k := keys(); len(k) != 1 || k[0].ContainerID != "b1" {
+		t.Fatalf("keys of a sound state from an earlier boot: %v, want b1 (GC releases it)", k)
+	}
+}

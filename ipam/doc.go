@@ -28,17 +28,25 @@
 //   - The lock file is never deleted or renamed, so every process always
 //     locks the same inode. Each operation opens its own descriptor, which
 //     makes one DiskStore safe for concurrent use by many goroutines.
-//   - Saving is atomic and durable: the State is written to
-//     state.json.tmp-<pid>, fsynced, renamed over state.json, and the
-//     directory is fsynced. A reader therefore sees either the old or the
-//     new file, never a torn one. If a process dies while holding the
+//   - Saving is atomic: the State is written to state.json.tmp-<pid> and
+//     renamed over state.json. A reader therefore sees either the old or
+//     the new file, never a torn one. If a process dies while holding the
 //     lock (even by SIGKILL), the kernel drops the flock and the previous
 //     state.json is intact; stale temporary files are removed by the next
 //     Update.
-//   - A missing state.json is an empty State. A state.json that cannot be
-//     parsed is reported as an error wrapping ErrCorruptState and naming
-//     the file; it is never silently reset, because forgetting
-//     allocations would hand out addresses that running pods still use.
+//   - Durability is paid once per boot. The first save after a boot
+//     fsyncs the file and the directory and then records the kernel's
+//     boot_id in <dataDir>/<network>/boot (durably too); the saves after
+//     it skip fsync, which costs a pod start nothing that a running
+//     kernel could lose. Only a kernel crash or a power loss can leave
+//     such a state.json stale or torn, and that also ends every pod it
+//     describes: on the next boot a stale state.json holds only dead
+//     allocations (GC releases them) and a torn one is read as empty.
+//   - A missing state.json is an empty State. A state.json saved in this
+//     boot (or before weft recorded boots) that cannot be parsed is
+//     reported as an error wrapping ErrCorruptState and naming the file;
+//     it is never silently reset, because forgetting allocations would
+//     hand out addresses that running pods still use.
 //
 // # Address selection
 //
