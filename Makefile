@@ -17,7 +17,7 @@ export WEFT_CNI_PATH := $(CNI_BIN)
 # know, and a static Go binary starts ~0.6 ms faster (no dynamic loader).
 export CGO_ENABLED := 0
 
-.PHONY: all deps build kube coredns lab lab-down test test-unit bench lint clean
+.PHONY: all deps build kube coredns lab lab-down test test-unit bench lint clean generate bpf-check
 
 all: build
 
@@ -52,8 +52,22 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 
+# The BPF programs: bpf2go builds proxy/ebpf/bpf/*.c with Debian's clang
+# into Go and objects, which are committed (building weft needs no clang).
+generate:
+	$(GO) generate ./proxy/ebpf/
+
+# The committed BPF objects must be what their sources build to: rebuild
+# them elsewhere and compare the bytes.
+bpf-check:
+	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
+	BPF_OUT=$$out $(GO) generate ./proxy/ebpf/ && \
+	for f in sock_bpfel.o sock_bpfel.go; do \
+		cmp -s "$$out/$$f" proxy/ebpf/$$f || { echo "proxy/ebpf/$$f does not match its source: run make generate"; exit 1; }; \
+	done
+
 # Everything: pure, kernel (private network namespaces) and, later, lab tests.
-test: deps build kube lint
+test: deps build kube lint bpf-check
 	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 20m ./...
 
 # Pure tests only: no root, no kernel.

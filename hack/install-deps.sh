@@ -13,6 +13,7 @@ packages=(
 	conntrack  # conntrack CLI: inspecting flows in tests
 	bind9-dnsutils # dig: DNS tests against weft-dns
 	dnsperf    # DNS benchmark (make bench)
+	clang llvm libbpf-dev # BPF programs: make generate, and make test's check of the committed objects
 )
 
 missing=()
