@@ -57,8 +57,14 @@ func New(cfg Config) (*Backend, error) {
 // Probe returns an error naming the first thing the backend needs that
 // the kernel or the node lacks.
 func Probe(cfg Config) error {
+	if err := isFS(cfg.CgroupRoot, unix.CGROUP2_SUPER_MAGIC); err != nil {
+		return fmt.Errorf("--cgroup-root %s: not a cgroup v2 directory: %w", cfg.CgroupRoot, err)
+	}
+	if err := isFS(filepath.Dir(cfg.PinPath), unix.BPF_FS_MAGIC); err != nil {
+		return fmt.Errorf("--bpf-pin-path %s: not in a bpffs mount: %w", cfg.PinPath, err)
+	}
 	if err := features.HaveProgramType(ebpf.CGroupSockAddr); err != nil {
-		return fmt.Errorf("ebpf mode: the kernel lacks cgroup sock_addr programs (Linux >= 4.17): %w", err)
+		return lacks("cgroup sock_addr programs (Linux >= 4.17)", err)
 	}
 	for _, h := range []struct {
 		fn   asm.BuiltinFunc
@@ -69,16 +75,18 @@ func Probe(cfg Config) error {
 		{asm.FnSetRetval, "bpf_set_retval (Linux >= 5.18), to refuse connections to a Service without endpoints"},
 	} {
 		if err := features.HaveProgramHelper(ebpf.CGroupSockAddr, h.fn); err != nil {
-			return fmt.Errorf("ebpf mode: the kernel lacks %s: %w", h.what, err)
+			return lacks(h.what, err)
 		}
 	}
-	if err := isFS(cfg.CgroupRoot, unix.CGROUP2_SUPER_MAGIC); err != nil {
-		return fmt.Errorf("--cgroup-root %s: not a cgroup v2 directory: %w", cfg.CgroupRoot, err)
-	}
-	if err := isFS(filepath.Dir(cfg.PinPath), unix.BPF_FS_MAGIC); err != nil {
-		return fmt.Errorf("--bpf-pin-path %s: not in a bpffs mount: %w", cfg.PinPath, err)
-	}
 	return nil
+}
+
+// lacks names a missing kernel feature, or the probe that failed.
+func lacks(what string, err error) error {
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("ebpf mode: the kernel lacks %s: %w", what, err)
+	}
+	return fmt.Errorf("ebpf mode: probing the kernel for %s: %w", what, err)
 }
 
 func isFS(path string, magic int64) error {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -52,15 +53,24 @@ func setup(t *testing.T, c *proxy.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := filepath.Join(cg2, fmt.Sprintf("weft-ebpf-test-%d", os.Getpid()))
-	if err := os.Mkdir(cg, 0o755); err != nil {
+	cg, err := os.MkdirTemp(cg2, fmt.Sprintf("weft-ebpf-test-%d-", os.Getpid()))
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := join(filepath.Join(cg2, self)); err != nil {
 			t.Errorf("leaving the test cgroup: %v", err)
 		}
-		if err := os.Remove(cg); err != nil {
+		// The kernel may count the process in the cgroup for a moment
+		// after it left (EBUSY): retry.
+		var err error
+		for range 100 {
+			if err = os.Remove(cg); !errors.Is(err, unix.EBUSY) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
 			t.Errorf("removing the test cgroup: %v", err)
 		}
 	})

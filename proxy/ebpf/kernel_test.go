@@ -1,0 +1,183 @@
+package ebpf_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	corev1 "k8s.io/api/core/v1"
+
+	weftebpf "github.com/weftnet/weft/proxy/ebpf"
+	"github.com/weftnet/weft/proxy/proxytest"
+)
+
+// TestMapWrites: the first sync writes every frontend; one endpoint change
+// rewrites only that Service's frontends and adds only its new backends;
+// removing Services deletes their frontends and orphan backends, leaving
+// the maps holding exactly the remaining Service.
+func TestMapWrites(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a", "b")
+	for i := range 20 {
+		n.Svcs = append(n.Svcs, proxytest.Service(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.1.%d", i+1), nil))
+		n.Slices = append(n.Slices, proxytest.Slice(fmt.Sprintf("s%d", i), n.Local("a")))
+	}
+	stats := func() weftebpf.Stats { n.Sync(); return n.Backend.(*weftebpf.Backend).LastStats() }
+	if st := stats(); st.Frontends != 40 || st.BackendsAdded != 2 {
+		t.Fatalf("first sync: %+v, want 40 frontends (20 services x 2 ports) and a's 2 backends", st)
+	}
+	n.Slices[3] = proxytest.Slice("s3", n.Local("a"), n.Local("b"))
+	if st := stats(); st.Frontends != 2 || st.UnchangedSkipped != 38 || st.BackendsAdded != 2 || st.SlotsWritten != 4 {
+		t.Fatalf("one endpoint added: %+v, want s3's 2 frontends rewritten with 4 slots, b's 2 backends added", st)
+	}
+	if r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.1.4/"); err != nil || (r.Pod != "a" && r.Pod != "b") {
+		t.Fatalf("s3 after the change: %+v %v", r, err)
+	}
+	n.Svcs, n.Slices = n.Svcs[:1], n.Slices[:1]
+	if st := stats(); st.Removed != 38 || st.BackendsRemoved != 2 || st.Frontends != 0 {
+		t.Fatalf("19 services removed: %+v, want 38 frontends and b's 2 backends removed", st)
+	}
+	pin := envs[t].pin
+	if got := entries(t, filepath.Join(pin, "weft_services")); got != 4 {
+		t.Errorf("services map holds %d entries, want 4 (2 master entries, 2 slots)", got)
+	}
+	if got := entries(t, filepath.Join(pin, "weft_backends")); got != 2 {
+		t.Errorf("backends map holds %d entries, want a's 2", got)
+	}
+	// A Service losing its endpoints keeps its frontends, now refusing.
+	n.Slices = nil
+	n.Sync()
+	if _, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.1.1/"); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("s0 without endpoints: %v, want connection refused", err)
+	}
+	if got := entries(t, filepath.Join(pin, "weft_backends")); got != 0 {
+		t.Errorf("backends map holds %d entries, want none", got)
+	}
+}
+
+func entries(t *testing.T, path string) int {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	n := 0
+	it := m.Iterate()
+	var k, v []byte
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestForeignProgramsSurviveCleanup: programs and pins weft did not make
+// stay through syncs and cleanup; cleanup removes every program, link and
+// map weft made.
+func TestForeignProgramsSurviveCleanup(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a")
+	e := envs[t]
+	// A foreign connect4 program (allow everything) on the same cgroup,
+	// and a foreign pin next to weft's directory.
+	foreign, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupInet4Connect,
+		License: "MIT", Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	fl, err := link.AttachCgroup(link.CgroupOptions{Path: e.cgroup, Attach: ebpf.AttachCGroupInet4Connect, Program: foreign})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	foreignPin := filepath.Join(filepath.Dir(e.pin), "foreign_prog")
+	if err := foreign.Pin(foreignPin); err != nil {
+		t.Fatal(err)
+	}
+	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
+	n.Slices = nil
+	n.Sync()
+	n.Slices = append(n.Slices, proxytest.Slice("web", n.Local("a")))
+	n.Sync()
+	if got := attached(t, e.cgroup, ebpf.AttachCGroupInet4Connect); got != 2 {
+		t.Fatalf("%d connect4 programs on the cgroup, want the foreign one and weft's", got)
+	}
+	if r, err := proxytest.Get("", "", "http://10.96.0.10/"); err != nil || r.Pod != "a" {
+		t.Fatalf("service beside a foreign program: %+v %v", r, err)
+	}
+	if err := n.Backend.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := attached(t, e.cgroup, ebpf.AttachCGroupInet4Connect); got != 1 {
+		t.Errorf("%d connect4 programs after cleanup, want only the foreign one", got)
+	}
+	for _, a := range []ebpf.AttachType{ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet4GetPeername} {
+		if got := attached(t, e.cgroup, a); got != 0 {
+			t.Errorf("%d programs of attach type %v after cleanup, want none", got, a)
+		}
+	}
+	if _, err := os.Stat(e.pin); !os.IsNotExist(err) {
+		t.Errorf("weft's pin directory after cleanup: %v", err)
+	}
+	if _, err := os.Stat(foreignPin); err != nil {
+		t.Errorf("the foreign pin after cleanup: %v", err)
+	}
+	if _, err := proxytest.Get("", "", "http://10.96.0.10/"); err == nil {
+		t.Error("the ClusterIP still answers after cleanup")
+	}
+	if r, err := proxytest.Get("", "", "http://"+n.Pods["a"].IP.String()+"/"); err != nil || r.Pod != "a" {
+		t.Errorf("direct traffic through the foreign program after cleanup: %+v %v", r, err)
+	}
+}
+
+// attached counts the programs of one attach type on a cgroup.
+func attached(t *testing.T, cgroup string, a ebpf.AttachType) int { return len(programIDs(t, cgroup, a)) }
+
+// TestRestartReadsMapsBack: a restarted backend swaps its programs into
+// the pinned links (one program per hook, no gap, no duplicate) and reads
+// the maps back, so its first full sync reuses every backend id.
+func TestRestartReadsMapsBack(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a", "b")
+	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
+	n.Slices = append(n.Slices, proxytest.Slice("web", n.Local("a"), n.Local("b")))
+	n.Sync()
+	before := programIDs(t, envs[t].cgroup, ebpf.AttachCGroupInet4Connect)
+	n.Backend = n.NewBackend()
+	n.Sync()
+	if st := n.Backend.(*weftebpf.Backend).LastStats(); st.Frontends != 2 || st.BackendsAdded != 0 || st.BackendsRemoved != 0 {
+		t.Fatalf("restarted backend's first sync: %+v, want both frontends rewritten with the backends read back", st)
+	}
+	after := programIDs(t, envs[t].cgroup, ebpf.AttachCGroupInet4Connect)
+	if len(after) != 1 || after[0] == before[0] {
+		t.Fatalf("connect4 programs %v before the restart, %v after: want one, replaced", before, after)
+	}
+	if r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.0.10/"); err != nil || (r.Pod != "a" && r.Pod != "b") {
+		t.Fatalf("service after restart: %+v %v", r, err)
+	}
+}
+
+// programIDs are the ids of the programs of one attach type on a cgroup.
+func programIDs(t *testing.T, cgroup string, a ebpf.AttachType) []ebpf.ProgramID {
+	t.Helper()
+	f, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []ebpf.ProgramID
+	for _, p := range res.Programs {
+		ids = append(ids, p.ID)
+	}
+	return ids
+}
