@@ -138,7 +138,9 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 }
 
 // attached counts the programs of one attach type on a cgroup.
-func attached(t *testing.T, cgroup string, a ebpf.AttachType) int { return len(programIDs(t, cgroup, a)) }
+func attached(t *testing.T, cgroup string, a ebpf.AttachType) int {
+	return len(programIDs(t, cgroup, a))
+}
 
 // TestRestartReadsMapsBack: a restarted backend swaps its programs into
 // the pinned links (one program per hook, no gap, no duplicate) and reads
