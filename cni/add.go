@@ -16,10 +16,12 @@ import (
 
 // Add wires one pod attachment: addresses, veth pair, bridge port, routes.
 func Add(args *skel.CmdArgs) error {
+	tr := newTracer("ADD")
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return err
 	}
+	tr.mark("parse")
 	pod, err := openPodNS(args.Netns)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetNS, "CNI_NETNS: cannot open the pod network namespace", err.Error())
@@ -31,6 +33,7 @@ func Add(args *skel.CmdArgs) error {
 	if err := clearRemnant(pod, args.Netns, args.IfName); err != nil {
 		return err
 	}
+	tr.mark("netns")
 
 	store, err := openStore(cfg)
 	if err != nil {
@@ -50,6 +53,7 @@ func Add(args *skel.CmdArgs) error {
 		}
 		return types.NewError(types.ErrIOFailure, "ipam: allocating addresses", err.Error())
 	}
+	tr.mark("store")
 
 	result, vethCreated, err := wire(cfg, args, pod, leases)
 	if err != nil {
@@ -68,7 +72,11 @@ func Add(args *skel.CmdArgs) error {
 		}
 		return err
 	}
-	return types.PrintResult(result, cfg.CNIVersion)
+	tr.mark("netlink")
+	err = types.PrintResult(result, cfg.CNIVersion)
+	tr.mark("result")
+	tr.print()
+	return err
 }
 
 // wire does the kernel work of ADD and builds the result. It reports whether

@@ -24,18 +24,22 @@ import (
 // attachment with the same CNI_IFNAME. The kernel's slow part of deleting
 // the pair (15-30 ms of RCU waits) happens in the reaper, after DEL.
 func Del(args *skel.CmdArgs) error {
+	tr := newTracer("DEL")
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return err
 	}
+	tr.mark("parse")
 	host, err := disarmHostVeth(HostVethName(args.ContainerID, args.IfName))
 	if err != nil {
 		return err
 	}
+	tr.mark("netlink")
 	reap, err := startReap(args.Netns, host)
 	if err != nil {
 		return err
 	}
+	tr.mark("reap-start")
 	store, err := openStore(cfg)
 	if err != nil {
 		return err
@@ -47,7 +51,11 @@ func Del(args *skel.CmdArgs) error {
 	}); err != nil {
 		return types.NewError(types.ErrIOFailure, "ipam: releasing addresses", err.Error())
 	}
-	return reap.wait()
+	tr.mark("store")
+	err = reap.wait()
+	tr.mark("reap-wait")
+	tr.print()
+	return err
 }
 
 // hostVeth returns the host-side veth of that name, or nil if there is none.

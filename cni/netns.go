@@ -20,7 +20,7 @@ type podNS struct {
 	handle *netlink.Handle
 }
 
-// openPodNS opens the namespace at path and a netlink socket inside it.
+// openPodNS opens the namespace at path and an rtnetlink socket inside it.
 func openPodNS(path string) (*podNS, error) {
 	fd, err := netns.GetFromPath(path)
 	if err != nil {
@@ -39,7 +39,9 @@ func openPodNS(path string) (*podNS, error) {
 		fd.Close()
 		return nil, fmt.Errorf("%s is not a network namespace: %w", path, errNetNSGone)
 	}
-	h, err := netlink.NewHandleAt(fd)
+	// Only rtnetlink: a handle for every family costs a socket and two
+	// namespace switches each.
+	h, err := netlink.NewHandleAt(fd, unix.NETLINK_ROUTE)
 	if err != nil {
 		fd.Close()
 		return nil, fmt.Errorf("netlink socket in %s: %w", path, err)

@@ -75,7 +75,10 @@ func startReap(nsPath string, host netlink.Link) (*reaping, error) {
 		podIdx:  host.Attrs().ParentIndex,
 		host:    host,
 	}
-	// Subscribe before looking, so that the deletion cannot slip between.
+	// The reaper first: its start is the longest step, and it overlaps
+	// with the rest of DEL. Whatever it deletes before the subscription
+	// below exists, the look-up after it sees gone.
+	r.spawn()
 	ns := pod.fd
 	if err := netlink.LinkSubscribeWithOptions(r.updates, r.done, netlink.LinkSubscribeOptions{Namespace: &ns}); err != nil {
 		r.close()
@@ -85,20 +88,24 @@ func startReap(nsPath string, host netlink.Link) (*reaping, error) {
 		r.close()
 		return nil, err
 	}
+	return r, nil
+}
+
+// spawn starts `weft reap-veth` for the host side, detached from the
+// runtime's process group. If it cannot start, wait deletes the pair.
+func (r *reaping) spawn() {
 	self, err := os.Executable()
 	if err != nil {
-		r.close()
-		return nil, fmt.Errorf("locating the plugin binary: %w", err)
-	}
-	cmd := exec.Command(self, ReapArg, host.Attrs().Name)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // not in the runtime's process group
-	if err := cmd.Start(); err != nil {
-		// Without a reaper, DEL pays the deletion itself.
 		r.exited <- err
-		return r, nil
+		return
+	}
+	cmd := exec.Command(self, ReapArg, r.host.Attrs().Name)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		r.exited <- err
+		return
 	}
 	go func() { r.exited <- cmd.Wait() }()
-	return r, nil
 }
 
 // wait returns once the pod side has left the pod namespace.

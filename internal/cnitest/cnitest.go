@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -56,10 +57,17 @@ type Runtime struct {
 }
 
 // NewRuntime returns a runtime using the plugins in binDir and caching
-// results in cacheDir, as containerd does under /var/lib/cni.
+// results in cacheDir, as containerd does under /var/lib/cni. Plugins'
+// stderr goes to the process's.
 func NewRuntime(binDir, cacheDir string) *Runtime {
+	return NewRuntimeStderr(binDir, cacheDir, os.Stderr)
+}
+
+// NewRuntimeStderr is NewRuntime with the plugins' stderr going to w, which
+// concurrent plugin runs may write at the same time.
+func NewRuntimeStderr(binDir, cacheDir string, w io.Writer) *Runtime {
 	return &Runtime{
-		CNI:      libcni.NewCNIConfigWithCacheDir([]string{binDir}, cacheDir, &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}}),
+		CNI:      libcni.NewCNIConfigWithCacheDir([]string{binDir}, cacheDir, &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: w}}),
 		BinDir:   binDir,
 		CacheDir: cacheDir,
 	}
