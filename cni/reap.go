@@ -19,9 +19,9 @@ import (
 // command: `weft reap-veth <host veth name>`.
 const ReapArg = "reap-veth"
 
-// reapTimeout bounds how long DEL waits for the pod side to leave the pod
-// namespace before it reports an error.
-const reapTimeout = 10 * time.Second
+// reapTimeout bounds how long DEL waits for the reaper before it deletes
+// the pair itself.
+const reapTimeout = 5 * time.Second
 
 // Design note: taking the pod side out of the pod namespace.
 //
@@ -35,11 +35,13 @@ const reapTimeout = 10 * time.Second
 // start of that request, though, and the kernel announces it (RTM_DELLINK)
 // before the waits.
 //
-// So DEL does not send the request itself: it subscribes to link events in
-// the pod namespace, starts its own binary as a detached reaper that deletes
-// the (already disarmed) host side, and returns as soon as the pod side is
-// announced gone. The waits happen in the reaper after DEL has answered the
-// runtime. If the reaper dies before the pod side is gone, DEL deletes the
+// So DEL does not send the request itself: it hands the (already disarmed)
+// host side to the node's reaper (reaper.go), subscribes to link events in
+// the pod namespace, and returns as soon as the pod side is announced gone.
+// The waits happen in the reaper after DEL has answered the runtime. If no
+// reaper runs, DEL starts one, detached: its own binary, which deletes that
+// pair and then serves later DELs until idle, so that a burst of deletions
+// starts one process. If the reaper fails or stays silent, DEL deletes the
 // pair itself.
 
 // reaping is a reaper under way and what DEL needs to wait for it.
@@ -91,24 +93,36 @@ func startReap(nsPath string, host netlink.Link) (*reaping, error) {
 	return r, nil
 }
 
-// spawn starts `weft reap-veth` for the host side, detached from the
-// runtime's process group. If it cannot start, wait deletes the pair.
+// spawn hands the host side to the node's reaper, starting one if none is
+// running. When the reaper has answered (or cannot be reached or started),
+// r.exited fires and wait deletes the pair itself if it is still there.
 func (r *reaping) spawn() {
+	name := r.host.Attrs().Name
+	if conn, err := net.Dial("unix", reaperSocket); err == nil {
+		go func() { r.exited <- askReaper(conn, name) }()
+		return
+	}
 	self, err := os.Executable()
 	if err != nil {
 		r.exited <- err
 		return
 	}
-	cmd := exec.Command(self, ReapArg, r.host.Attrs().Name)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd := exec.Command(self, ReapArg, name)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // not in the runtime's process group
 	if err := cmd.Start(); err != nil {
 		r.exited <- err
 		return
 	}
-	go func() { r.exited <- cmd.Wait() }()
+	// The new reaper deletes this pair, then serves until idle; it exits
+	// long after DEL, which does not wait for it.
+	if err := cmd.Process.Release(); err != nil {
+		r.exited <- err
+	}
 }
 
-// wait returns once the pod side has left the pod namespace.
+// wait returns once the pod side has left the pod namespace. If the reaper
+// answered, failed or stayed silent for reapTimeout while the pod side is
+// still there, DEL deletes the pair itself.
 func (r *reaping) wait() error {
 	if r == nil {
 		return nil
@@ -122,19 +136,17 @@ func (r *reaping) wait() error {
 			if u.Header.Type == unix.RTM_DELLINK && int(u.Index) == r.podIdx {
 				return nil
 			}
+			continue
 		case <-r.exited:
-			// The reaper is done, or died: finish the job here.
-			r.exited = nil
-			if gone, err := r.podSideGone(); gone || err != nil {
-				return err
-			}
-			if err := netlink.LinkDel(r.host); err != nil && !isNotFound(err) {
-				return fmt.Errorf("deleting %s: %w", r.host.Attrs().Name, err)
-			}
-			return nil
 		case <-timeout.C:
-			return fmt.Errorf("the pod side of %s is still in the pod namespace after %s", r.host.Attrs().Name, reapTimeout)
 		}
+		if gone, err := r.podSideGone(); gone || err != nil {
+			return err
+		}
+		if err := netlink.LinkDel(r.host); err != nil && !isNotFound(err) {
+			return fmt.Errorf("deleting %s: %w", r.host.Attrs().Name, err)
+		}
+		return nil
 	}
 }
 
@@ -154,16 +166,6 @@ func (r *reaping) podSideGone() (bool, error) {
 func (r *reaping) close() {
 	close(r.done)
 	r.pod.Close()
-}
-
-// Reap deletes the host-side veth called name, and with it its pod side, if
-// it is a disarmed weft veth. It is what `weft reap-veth` runs; an armed
-// veth of that name belongs to a newer ADD of the same attachment and stays.
-func Reap(name string) error {
-	if !isHostVethName(name) {
-		return fmt.Errorf("reap: %q is not a weft host veth name", name)
-	}
-	return removeDisarmed(name)
 }
 
 // clearRemnant makes way for ADD's pod interface. An existing CNI_IFNAME is

@@ -11,7 +11,7 @@
 // after DEL, with a deleted namespace or otherwise) never lands on the
 // other's clock. The time that takes is printed too ("settle").
 //
-//	go run ./test/bench/cnibench -plugins bin/cni [-n 200] [-parallel 40] [-rounds 5]
+//	go run ./test/bench/cnibench -plugins bin/cni [-n 200] [-parallel 40] [-rounds 5] [-kernel 20]
 package main
 
 import (
@@ -55,6 +55,7 @@ func main() {
 	n := flag.Int("n", 200, "sequential ADD+DEL pairs per plugin")
 	parallel := flag.Int("parallel", 40, "concurrent ADD+DEL pairs per round")
 	rounds := flag.Int("rounds", 5, "parallel rounds per plugin")
+	kernel := flag.Int("kernel", 20, "rounds of the kernel cost probe (0 skips it)")
 	flag.Parse()
 
 	benchlab.Main("cnibench", func(context.Context) error {
@@ -99,7 +100,10 @@ func main() {
 			return b.err
 		}
 		report(subjects, results, b.settled)
-		return breakdown(bin, work, subjects[0], *parallel)
+		if err := breakdown(bin, work, subjects[0], *parallel); err != nil || *kernel == 0 {
+			return err
+		}
+		return kernelCosts(bin, *kernel)
 	})
 }
 
