@@ -2,12 +2,12 @@ package kube
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 )
 
 // PodHandler receives Pods: old nil on add, new nil on delete. A handler
@@ -23,19 +23,11 @@ type PodHandler interface {
 // conditions), so a large cluster's pods cost little memory.
 func WatchPods(ctx context.Context, c kubernetes.Interface, h PodHandler, synced func()) error {
 	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTransform(slimPod))
-	inf := f.Core().V1().Pods().Informer()
-	if _, err := inf.AddEventHandler(handlerFuncs(h.OnPod)); err != nil {
-		return err
+	pods, err := addHandler(f.Core().V1().Pods().Informer(), h.OnPod)
+	if err != nil {
+		return fmt.Errorf("watching pods: %w", err)
 	}
-	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return ctx.Err()
-	}
-	if synced != nil {
-		synced()
-	}
-	<-ctx.Done()
-	return nil
+	return run(ctx, f, synced, pods)
 }
 
 // slimPod keeps of a Pod what weft's consumers read (DNS: names,

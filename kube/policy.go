@@ -2,12 +2,12 @@ package kube
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 )
 
 // PolicyHandler receives what NetworkPolicy enforcement reads: Pods,
@@ -23,24 +23,17 @@ type PolicyHandler interface {
 // WatchPolicies feeds h from informers until ctx ends.
 func WatchPolicies(ctx context.Context, c kubernetes.Interface, h PolicyHandler) error {
 	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTransform(slimPod))
-	pods := f.Core().V1().Pods().Informer()
-	nss := f.Core().V1().Namespaces().Informer()
-	pols := f.Networking().V1().NetworkPolicies().Informer()
-	if _, err := pods.AddEventHandler(handlerFuncs(h.OnPolicyPod)); err != nil {
-		return err
+	pods, err := addHandler(f.Core().V1().Pods().Informer(), h.OnPolicyPod)
+	if err != nil {
+		return fmt.Errorf("watching pods: %w", err)
 	}
-	if _, err := nss.AddEventHandler(handlerFuncs(h.OnNamespace)); err != nil {
-		return err
+	nss, err := addHandler(f.Core().V1().Namespaces().Informer(), h.OnNamespace)
+	if err != nil {
+		return fmt.Errorf("watching namespaces: %w", err)
 	}
-	if _, err := pols.AddEventHandler(handlerFuncs(h.OnNetworkPolicy)); err != nil {
-		return err
+	pols, err := addHandler(f.Networking().V1().NetworkPolicies().Informer(), h.OnNetworkPolicy)
+	if err != nil {
+		return fmt.Errorf("watching networkpolicies: %w", err)
 	}
-	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced, nss.HasSynced, pols.HasSynced) {
-		return ctx.Err()
-	}
-	h.OnPolicySynced()
-	<-ctx.Done()
-	f.Shutdown()
-	return nil
+	return run(ctx, f, h.OnPolicySynced, pods, nss, pols)
 }

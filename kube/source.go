@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,22 +21,51 @@ type ServiceHandler interface {
 	OnSynced()
 }
 
-// WatchServices feeds h from informers until ctx ends.
+// WatchServices feeds h from informers until ctx ends. OnSynced comes
+// once h has received every Service and EndpointSlice of the initial lists.
 func WatchServices(ctx context.Context, c kubernetes.Interface, h ServiceHandler) error {
 	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTransform(dropBookkeeping))
-	svc := f.Core().V1().Services().Informer()
-	eps := f.Discovery().V1().EndpointSlices().Informer()
-	if _, err := svc.AddEventHandler(handlerFuncs(h.OnService)); err != nil {
-		return err
+	svc, err := addHandler(f.Core().V1().Services().Informer(), h.OnService)
+	if err != nil {
+		return fmt.Errorf("watching services: %w", err)
 	}
-	if _, err := eps.AddEventHandler(handlerFuncs(h.OnEndpointSlice)); err != nil {
-		return err
+	eps, err := addHandler(f.Discovery().V1().EndpointSlices().Informer(), h.OnEndpointSlice)
+	if err != nil {
+		return fmt.Errorf("watching endpointslices: %w", err)
 	}
+	return run(ctx, f, h.OnSynced, svc, eps)
+}
+
+// addHandler sends inf's events to on. The returned checker is done once
+// on has received every object of the informer's initial list: the
+// informer's own HasSynced only says that its cache holds them, and the
+// handler may then still be far behind (its events wait in an unbounded
+// buffer), so a consumer told "synced" by the informer would act on a
+// partial view.
+func addHandler[T any](inf cache.SharedIndexInformer, on func(old, new *T)) (cache.DoneChecker, error) {
+	reg, err := inf.AddEventHandler(handlerFuncs(on))
+	if err != nil {
+		return nil, err
+	}
+	return reg.HasSyncedChecker(), nil
+}
+
+// run starts f's informers, calls synced (if not nil) once every handler
+// has received its initial list, and returns when ctx ends, after the
+// informers stopped.
+func run(ctx context.Context, f informers.SharedInformerFactory, synced func(), handlers ...cache.DoneChecker) error {
 	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), svc.HasSynced, eps.HasSynced) {
-		return ctx.Err()
+	defer f.Shutdown()
+	for _, h := range handlers {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.Done():
+		}
 	}
-	h.OnSynced()
+	if synced != nil {
+		synced()
+	}
 	<-ctx.Done()
 	return nil
 }
@@ -66,10 +96,22 @@ func handlerFuncs[T any](on func(old, new *T)) cache.ResourceEventHandlerFuncs {
 // dropBookkeeping removes what no weft consumer of Services and
 // EndpointSlices reads (managed fields, annotations such as kubectl's
 // last-applied configuration) before the object enters the cache: at 10k
-// Services it is most of the cached bytes.
+// Services it is most of the cached bytes. An EndpointSlice keeps its
+// endpoints.kubernetes.io/last-change-trigger-time annotation, from which
+// the proxy measures network programming latency as kube-proxy does.
 func dropBookkeeping(o any) (any, error) {
-	if m, ok := o.(metav1.Object); ok {
-		m.SetManagedFields(nil)
+	m, ok := o.(metav1.Object)
+	if !ok {
+		return o, nil
+	}
+	m.SetManagedFields(nil)
+	keep := ""
+	if _, isSlice := o.(*discoveryv1.EndpointSlice); isSlice {
+		keep = m.GetAnnotations()[corev1.EndpointsLastChangeTriggerTime]
+	}
+	if keep != "" {
+		m.SetAnnotations(map[string]string{corev1.EndpointsLastChangeTriggerTime: keep})
+	} else {
 		m.SetAnnotations(nil)
 	}
 	return o, nil

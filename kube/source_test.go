@@ -2,12 +2,17 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/weftnet/weft/internal/testutil"
@@ -15,10 +20,13 @@ import (
 
 // TestWatchServicesSlims: Services and EndpointSlices reach the handler
 // (and the informer cache) without managed fields and annotations, and with
-// everything the proxy and DNS read.
+// everything the proxy and DNS read, which includes a slice's
+// last-change-trigger-time (network programming latency).
 func TestWatchServicesSlims(t *testing.T) {
+	const trigger = "2026-11-23T09:00:00.123456789Z"
 	meta := metav1.ObjectMeta{Namespace: "default", Name: "web",
-		Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+		Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{...}",
+			corev1.EndpointsLastChangeTriggerTime: trigger},
 		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}}
 	svc := &corev1.Service{ObjectMeta: meta, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10"}}
 	esMeta := *meta.DeepCopy()
@@ -37,11 +45,91 @@ func TestWatchServicesSlims(t *testing.T) {
 		t.Fatalf("handler got service %v, slice %v", gotSvc, gotES)
 	}
 	for _, m := range []metav1.Object{gotSvc, gotES} {
-		if len(m.GetManagedFields()) > 0 || len(m.GetAnnotations()) > 0 {
-			t.Errorf("%s kept managed fields %v or annotations %v", m.GetName(), m.GetManagedFields(), m.GetAnnotations())
+		if len(m.GetManagedFields()) > 0 {
+			t.Errorf("%s kept managed fields %v", m.GetName(), m.GetManagedFields())
 		}
+	}
+	if a := gotSvc.GetAnnotations(); len(a) > 0 {
+		t.Errorf("the Service kept annotations %v", a)
+	}
+	if a := gotES.GetAnnotations(); len(a) != 1 || a[corev1.EndpointsLastChangeTriggerTime] != trigger {
+		t.Errorf("the EndpointSlice kept annotations %v, want only %s", a, corev1.EndpointsLastChangeTriggerTime)
 	}
 	if gotSvc.Spec.ClusterIP != "10.96.0.10" || gotES.Labels[discoveryv1.LabelServiceName] != "web" || len(gotES.Endpoints) != 1 {
 		t.Errorf("slimmed too much: %+v %+v", gotSvc.Spec, gotES)
 	}
+}
+
+// slowHandler is a ServiceHandler whose first Service event blocks until
+// release is closed, and which records what it had received when OnSynced
+// came.
+type slowHandler struct {
+	recorder
+	release      chan struct{}
+	first        sync.Once
+	syncedWith   [2]int // Services and EndpointSlices received before OnSynced
+	syncedCalled bool
+}
+
+func (h *slowHandler) OnService(old, new *corev1.Service) {
+	h.first.Do(func() { <-h.release })
+	h.recorder.OnService(old, new)
+}
+
+func (h *slowHandler) OnSynced() {
+	h.Lock()
+	defer h.Unlock()
+	h.syncedCalled = true
+	h.syncedWith = [2]int{len(h.services), len(h.slices)}
+}
+
+// TestWatchServicesSyncedAfterHandler: OnSynced comes only once the handler
+// has received every object of the initial lists, however far behind the
+// informers' caches it is. (The proxy's first sync follows OnSynced: were
+// it told earlier, a restarted proxy would program a partial view and cut
+// live Services.) The test runs in a synctest bubble, whose clock moves
+// only when every goroutine is blocked, so the outcome does not depend on
+// timing.
+func TestWatchServicesSyncedAfterHandler(t *testing.T) {
+	const n = 50
+	var objs []runtime.Object
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		objs = append(objs,
+			&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}},
+			&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name + "-1",
+				Labels: map[string]string{discoveryv1.LabelServiceName: name}}, AddressType: discoveryv1.AddressTypeIPv4})
+	}
+	synctest.Test(t, func(t *testing.T) {
+		h := &slowHandler{recorder: recorder{services: map[string]*corev1.Service{}, slices: map[string]*discoveryv1.EndpointSlice{}},
+			release: make(chan struct{})}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- WatchServices(ctx, fake.NewClientset(objs...), h) }()
+
+		// A minute of the bubble's clock passes once every goroutine is
+		// blocked: the caches are full, the handler is stuck on its first
+		// Service, and any poll for the caches' sync has fired.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		h.Lock()
+		early, with := h.syncedCalled, h.syncedWith
+		h.Unlock()
+		if early {
+			t.Errorf("OnSynced came while the handler had received %d of %d Services and %d of %d EndpointSlices", with[0], n, with[1], n)
+		}
+		close(h.release)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		h.Lock()
+		called, with := h.syncedCalled, h.syncedWith
+		h.Unlock()
+		if !called || with != [2]int{n, n} {
+			t.Errorf("OnSynced called %v with %v Services and EndpointSlices received, want %d of each", called, with, n)
+		}
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Error(err)
+		}
+	})
 }

@@ -49,11 +49,15 @@ type Proxier struct {
 	tracker *model.Tracker
 	runner  *runner.Runner
 	metrics *Metrics
+	started time.Time // trigger times before it are not this proxier's to measure
 
-	mu         sync.Mutex
-	pendingAt  time.Time // first change not yet synced
+	synced     chan struct{} // closed by OnSynced
+	syncedOnce sync.Once
+
+	mu       sync.Mutex
+	triggers []time.Time // last-change-trigger-times of slice changes not yet programmed
+
 	prev       model.State
-	synced     atomic.Bool // the sources delivered their initial state
 	lastSyncOK atomic.Int64
 }
 
@@ -65,7 +69,8 @@ func New(b Backend, o Options) *Proxier {
 	if o.SyncPeriod == 0 {
 		o.SyncPeriod = time.Hour
 	}
-	p := &Proxier{opts: o, backend: b, tracker: model.NewTracker(), metrics: NewMetrics()}
+	p := &Proxier{opts: o, backend: b, tracker: model.NewTracker(), metrics: NewMetrics(), started: time.Now(),
+		synced: make(chan struct{})}
 	p.runner = runner.New(p.sync, o.MinSyncPeriod, o.SyncPeriod)
 	return p
 }
@@ -73,36 +78,62 @@ func New(b Backend, o Options) *Proxier {
 // Metrics returns the proxier's Prometheus metrics.
 func (p *Proxier) Metrics() *Metrics { return p.metrics }
 
-func (p *Proxier) changed() {
-	p.mu.Lock()
-	if p.pendingAt.IsZero() {
-		p.pendingAt = time.Now()
-	}
-	p.mu.Unlock()
-	if p.synced.Load() {
-		p.runner.Trigger()
-	}
-}
-
 // OnService records a Service add (old nil), update or delete (new nil).
-func (p *Proxier) OnService(old, new *corev1.Service) { p.tracker.OnService(old, new); p.changed() }
-
-// OnEndpointSlice records an EndpointSlice add, update or delete.
-func (p *Proxier) OnEndpointSlice(old, new *discoveryv1.EndpointSlice) {
-	p.tracker.OnEndpointSlice(old, new)
-	p.changed()
-}
-
-// OnSynced tells the proxier that the sources delivered their initial
-// state: the first sync waits for it, so that a restart never programs a
-// partial view of the cluster.
-func (p *Proxier) OnSynced() {
-	p.synced.Store(true)
+func (p *Proxier) OnService(old, new *corev1.Service) {
+	p.tracker.OnService(old, new)
 	p.runner.Trigger()
 }
 
-// Run syncs until ctx ends.
-func (p *Proxier) Run(ctx context.Context) { p.runner.Run(ctx) }
+// OnEndpointSlice records an EndpointSlice add, update or delete. The
+// slice's endpoints.kubernetes.io/last-change-trigger-time (when the
+// EndpointSlice controller saw the Pod or Service change behind it) is kept
+// until a sync programs the change, for network programming latency.
+func (p *Proxier) OnEndpointSlice(old, new *discoveryv1.EndpointSlice) {
+	p.tracker.OnEndpointSlice(old, new)
+	if t, ok := p.triggerTime(new); ok {
+		p.mu.Lock()
+		p.triggers = append(p.triggers, t)
+		p.mu.Unlock()
+	}
+	p.runner.Trigger()
+}
+
+// triggerTime is es's last-change-trigger-time, if it has one from after
+// the proxier started (like kube-proxy, the state found at start-up is not
+// measured: its changes happened before this proxier could program them).
+// A deleted slice has none: its annotation dates from its last update.
+func (p *Proxier) triggerTime(es *discoveryv1.EndpointSlice) (time.Time, bool) {
+	if es == nil {
+		return time.Time{}, false
+	}
+	v, ok := es.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		p.opts.Log.Warn("ignoring unparsable trigger time", "endpointslice", es.Namespace+"/"+es.Name,
+			"field", "metadata.annotations["+corev1.EndpointsLastChangeTriggerTime+"]", "err", err)
+		return time.Time{}, false
+	}
+	return t, t.After(p.started)
+}
+
+// OnSynced tells the proxier that the sources delivered their initial
+// state: Run starts syncing only then, so that a restart never programs a
+// partial view of the cluster (which would cut the Services not yet seen).
+func (p *Proxier) OnSynced() { p.syncedOnce.Do(func() { close(p.synced) }) }
+
+// Run waits for OnSynced, then syncs until ctx ends. The first sync is a
+// full one, over the whole initial state.
+func (p *Proxier) Run(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-p.synced:
+	}
+	p.runner.Run(ctx)
+}
 
 // Healthy reports whether the last sync succeeded (and one happened).
 func (p *Proxier) Healthy() bool { return p.lastSyncOK.Load() > 0 }
@@ -110,14 +141,15 @@ func (p *Proxier) Healthy() bool { return p.lastSyncOK.Load() > 0 }
 // Cleanup removes what the backend installed.
 func (p *Proxier) Cleanup() error { return p.backend.Cleanup() }
 
-func (p *Proxier) sync(ctx context.Context, full bool) error {
-	if !p.synced.Load() {
-		return nil
-	}
+// sync is one round of syncing the rules. Its duration, observed whether it
+// succeeds or not, is kubeproxy_sync_proxy_rules_duration_seconds (and the
+// full or partial variant), as kube-proxy measures its syncProxyRules.
+func (p *Proxier) sync(_ context.Context, full bool) error {
 	start := time.Now()
+	defer p.metrics.observeSync(start, full)
 	p.mu.Lock()
-	pendingAt := p.pendingAt
-	p.pendingAt = time.Time{}
+	triggers := p.triggers
+	p.triggers = nil
 	p.mu.Unlock()
 
 	st, changed, errs := p.tracker.Snapshot()
@@ -129,18 +161,15 @@ func (p *Proxier) sync(ctx context.Context, full bool) error {
 		p.metrics.syncErrors.Inc()
 		p.opts.Log.Error("sync failed", "err", err)
 		p.mu.Lock()
-		if p.pendingAt.IsZero() || (!pendingAt.IsZero() && pendingAt.Before(p.pendingAt)) {
-			p.pendingAt = pendingAt
-		}
+		p.triggers = append(triggers, p.triggers...) // programmed by the retry
 		p.mu.Unlock()
 		return err
 	}
 	done := time.Now()
 	p.lastSyncOK.Store(done.UnixNano())
-	p.metrics.syncDuration.Observe(done.Sub(start).Seconds())
 	p.metrics.lastSync.SetToCurrentTime()
-	if !pendingAt.IsZero() {
-		p.metrics.programming.Observe(done.Sub(pendingAt).Seconds())
+	for _, t := range triggers {
+		p.metrics.programming.Observe(done.Sub(t).Seconds())
 	}
 	p.metrics.servicePorts.Set(float64(len(st.Ports)))
 	p.syncHealth(st)
