@@ -2,6 +2,7 @@ package iptables_test
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -164,5 +165,39 @@ func TestRenderIPv6(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(fwd, "\n"), "neighbour-solicitation") {
 		t.Errorf("IPv6 FORWARD chain lacks neighbour discovery: %q", fwd)
+	}
+}
+
+// The source check comes first in both entry chains, before the shortcut
+// for established flows; each family holds only its own addresses.
+func TestRenderSourceCheck(t *testing.T) {
+	srcs := []polipt.Source{{Port: "weftb", Addrs: []netip.Addr{netip.MustParseAddr("10.244.1.3"), netip.MustParseAddr("fd00::3")}},
+		{Port: "wefta", Addrs: []netip.Addr{netip.MustParseAddr("10.244.1.2")}}}
+	for _, family := range []int{4, 6} {
+		rs := polipt.Render(policy.Desired{}, polipt.Config{NodeName: "node1", Family: family, PodPorts: "weft+", Sources: srcs})
+		chains := map[string][]string{}
+		for _, c := range rs.Chains {
+			chains[c.Name] = c.Rules
+		}
+		jump := "-m physdev --physdev-in weft+ -j " + polipt.ChainSource
+		for _, name := range []string{polipt.ChainForward, polipt.ChainInput} {
+			if len(chains[name]) < 2 || chains[name][0] != jump || !strings.Contains(chains[name][1], "ESTABLISHED") {
+				t.Errorf("IPv%d %s = %q, want the source check first", family, name, chains[name])
+			}
+		}
+		want := []string{"-s 10.244.1.2/32 -m physdev --physdev-in wefta -j RETURN", "-s 10.244.1.3/32 -m physdev --physdev-in weftb -j RETURN"}
+		if family == 6 {
+			want = []string{"-s fe80::/10 -j RETURN", "-s ::/128 -j RETURN", "-s fd00::3/128 -m physdev --physdev-in weftb -j RETURN"}
+		}
+		got := chains[polipt.ChainSource]
+		if len(got) != len(want)+1 || strings.Join(got[:len(want)], "\n") != strings.Join(want, "\n") || !strings.HasSuffix(got[len(want)], "-j DROP") {
+			t.Errorf("IPv%d %s:\n%s\nwant\n%s\nthen DROP", family, polipt.ChainSource, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	}
+	// Without PodPorts nothing is checked.
+	for _, c := range polipt.Render(policy.Desired{}, polipt.Config{NodeName: "node1", Sources: srcs}).Chains {
+		if c.Name == polipt.ChainSource {
+			t.Error("source chain rendered without PodPorts")
+		}
 	}
 }

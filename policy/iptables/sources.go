@@ -19,8 +19,8 @@ import (
 //
 // One rule per pod attachment, matched in turn: ipset's hash:net,iface
 // type could hold (address, bridge port) pairs, but the iptables set
-// match cannot ask it to look at the bridge port (the physdev lookup
-// needs a flag no iptables option sets). A node has a bounded number of
+// match cannot ask it to look at the bridge port (the kernel does so only
+// for lookups carrying a flag that no option of the match sets). A node has a bounded number of
 // pods (110 by default), so the chain stays short.
 
 // ChainSource is the chain checking the source address of pod traffic.
