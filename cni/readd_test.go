@@ -2,6 +2,10 @@ package cni_test
 
 import (
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -66,4 +70,58 @@ func disarm(t *testing.T, name string) {
 	if err := netlink.LinkSetDown(l); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestOneReaperPerNode: the first DEL leaves one reaper serving the node,
+// and later DELs are served by that same process instead of starting one
+// each.
+func TestOneReaperPerNode(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.1.0", "reaper", e.weft(subnet(podCIDR)))
+	pods := []cnitest.Attachment{e.pod(), e.pod(), e.pod(), e.pod()}
+	for _, p := range pods {
+		e.add(list, p)
+	}
+	e.del(list, pods[0])
+	first := reapers(t)
+	if len(first) != 1 {
+		t.Fatalf("reapers after the first DEL: %v, want one", first)
+	}
+	for _, p := range pods[1:] {
+		e.del(list, p)
+		if l := podLinks(t, p.NetNS); len(l) != 0 {
+			t.Fatalf("pod namespace after DEL holds %v", l)
+		}
+	}
+	if now := reapers(t); len(now) != 1 || now[0] != first[0] {
+		t.Fatalf("reapers after more DELs: %v, want only %v", now, first)
+	}
+}
+
+// reapers lists the pids of reaper processes in this network namespace.
+func reapers(t *testing.T) []int {
+	t.Helper()
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, d := range dirs {
+		cmdline, err := os.ReadFile(d + "/cmdline")
+		if err != nil || !strings.Contains(string(cmdline), "\x00"+cni.ReapArg+"\x00") {
+			continue
+		}
+		if ns, err := os.Readlink(d + "/ns/net"); err != nil || ns != self {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(d))
+		if err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
