@@ -12,8 +12,10 @@
 //     namespace must then hold one DNAT per endpoint and service 0's ClusterIP;
 //   - one change: one endpoint of one EndpointSlice moved to a new address,
 //     from the API write until /metrics counts a sync after which the ruleset
-//     holds the new address (median of 5), and the proxy's own duration of
-//     that sync (histogram _sum/_count deltas);
+//     holds the new address (median of 5), the proxy's own duration of that
+//     sync (histogram _sum/_count deltas), and its own network programming
+//     latency, from the trigger time the bench stamps on the slice as the
+//     EndpointSlice controller would;
 //   - peak memory: VmHWM of the proxy process after the changes.
 //
 // Usage:

@@ -51,8 +51,9 @@ func subjects() []subject {
 	}
 }
 
-// syncs is what /metrics says about the proxy's syncs.
-type syncs struct{ count, sum float64 }
+// syncs is what /metrics says about the proxy's syncs (count and sum of
+// sync durations) and its network programming latencies (npCount, npSum).
+type syncs struct{ count, sum, npCount, npSum float64 }
 
 type scraper struct{ c *http.Client }
 
@@ -60,9 +61,11 @@ func newScraper(b *box) *scraper {
 	return &scraper{&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(b.path, nil)}}}
 }
 
-// get reads kubeproxy_sync_proxy_rules_duration_seconds' _count and _sum,
-// which both proxies observe once per successful sync (kube-proxy per IP
-// family: the IPv4 series is taken).
+// get reads the _count and _sum of kubeproxy_sync_proxy_rules_duration_seconds,
+// which both proxies observe once per sync, and of
+// kubeproxy_network_programming_duration_seconds, which both observe per
+// programmed EndpointSlice change carrying a trigger time (kube-proxy per
+// IP family: the IPv4 series is taken).
 func (s *scraper) get(ctx context.Context) (syncs, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
 	resp, err := s.c.Do(req)
@@ -88,6 +91,10 @@ func (s *scraper) get(ctx context.Context) (syncs, error) {
 			out.count = v
 		case "kubeproxy_sync_proxy_rules_duration_seconds_sum":
 			out.sum = v
+		case "kubeproxy_network_programming_duration_seconds_count":
+			out.npCount = v
+		case "kubeproxy_network_programming_duration_seconds_sum":
+			out.npSum = v
 		}
 	}
 	return out, sc.Err()
@@ -101,6 +108,7 @@ type result struct {
 	timedOut  bool
 	change    []time.Duration // update written to sync observed (and rules checked)
 	syncDur   []time.Duration // the proxy's own duration of that sync
+	program   []time.Duration // the proxy's own network programming latency of that change
 	hwm       int64
 	err       error
 }
@@ -182,40 +190,49 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 
 	// 2. One change at a time, each on another service.
 	for i := 0; i < changes; i++ {
-		d, sd, err := e.oneChange(ctx, b, p, m, s, (i*size)/changes+i)
+		c, err := e.oneChange(ctx, b, p, m, s, (i*size)/changes+i)
 		if err != nil {
 			r.err = fmt.Errorf("change %d: %w", i+1, err)
 			return r
 		}
-		r.change, r.syncDur = append(r.change, d), append(r.syncDur, sd)
+		r.change, r.syncDur = append(r.change, c.seen), append(r.syncDur, c.sync)
+		if c.program > 0 {
+			r.program = append(r.program, c.program)
+		}
 	}
 	return r
 }
 
-// oneChange moves one endpoint of service idx to a new address and returns
-// the time from the API write until a sync is seen in /metrics after which
-// the ruleset holds the address, and that sync's own duration (the change of
-// the histogram's _sum over its _count). /metrics is polled every 5 ms for
-// the first 200 ms, every 20 ms to 2 s, then every 100 ms.
-func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subject, idx int) (time.Duration, time.Duration, error) {
+// changed is what one change measured: from the API write until a sync
+// after which the ruleset holds the change was seen, that sync's own
+// duration, and the proxy's own network programming latency (0 if it
+// observed none).
+type changed struct{ seen, sync, program time.Duration }
+
+// oneChange moves one endpoint of service idx to a new address, stamped with
+// the trigger time the EndpointSlice controller would write, and measures
+// it (see changed). The proxy's own durations are the change of a
+// histogram's _sum over its _count. /metrics is polled every 5 ms for the
+// first 200 ms, every 20 ms to 2 s, then every 100 ms.
+func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subject, idx int) (changed, error) {
 	before, err := quiet(ctx, m, p)
 	if err != nil {
-		return 0, 0, err
+		return changed{}, err
 	}
 	e.changeSeq++
 	ip := fmt.Sprintf("10.244.%d.%d", changedIPOctet, e.changeSeq%250+1)
 	var t0 time.Time
 	if err := changeOne(ctx, e.client, idx, ip, func() { t0 = time.Now() }); err != nil {
-		return 0, 0, err
+		return changed{}, err
 	}
 	seen := before.count
 	for {
 		if err := p.exited(); err != nil {
-			return 0, 0, err
+			return changed{}, err
 		}
 		el := time.Since(t0)
 		if el > e.timeout {
-			return 0, 0, fmt.Errorf("not applied within %v", e.timeout)
+			return changed{}, fmt.Errorf("not applied within %v", e.timeout)
 		}
 		st, err := m.get(ctx)
 		if err == nil && st.count > seen {
@@ -223,11 +240,14 @@ func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subj
 			seen = st.count
 			out, err := b.output(s.dump...)
 			if err != nil {
-				return 0, 0, err
+				return changed{}, err
 			}
 			if hasIP(out, ip) {
-				sd := (st.sum - before.sum) / (st.count - before.count)
-				return at, time.Duration(sd * float64(time.Second)), nil
+				c := changed{seen: at, sync: perSample(st.sum-before.sum, st.count-before.count)}
+				if st.npCount > before.npCount {
+					c.program = perSample(st.npSum-before.npSum, st.npCount-before.npCount)
+				}
+				return c, nil
 			}
 			continue
 		}
@@ -238,10 +258,13 @@ func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subj
 			step = 20 * time.Millisecond
 		}
 		if err := sleep(ctx, step); err != nil {
-			return 0, 0, err
+			return changed{}, err
 		}
 	}
 }
+
+// perSample is a histogram's mean over n new samples whose sum is sum.
+func perSample(sum, n float64) time.Duration { return time.Duration(sum / n * float64(time.Second)) }
 
 // quiet waits until no sync has happened for 1.5 s, so that no sync is under
 // way when the change is written, and kube-proxy's --iptables-min-sync-period

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -86,15 +87,21 @@ func seedOne(ctx context.Context, c kubernetes.Interface, i, perSvc int) error {
 	return err
 }
 
-// changeOne gives the first endpoint of service i's slice the address ip.
-// It reads the slice first and calls before() just before the update, so the
-// measured time starts at the write.
+// changeOne gives the first endpoint of service i's slice the address ip,
+// with the time of the change in endpoints.kubernetes.io/last-change-trigger-time
+// as the EndpointSlice controller writes it (the proxies measure their
+// network programming latency from it). It reads the slice first and calls
+// before() just before the update, so the measured time starts at the write.
 func changeOne(ctx context.Context, c kubernetes.Interface, i int, ip string, before func()) error {
 	s, err := c.DiscoveryV1().EndpointSlices(benchNS).Get(ctx, sliceName(i), metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
 	s.Endpoints[0].Addresses = []string{ip}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[corev1.EndpointsLastChangeTriggerTime] = time.Now().UTC().Format(time.RFC3339Nano)
 	before()
 	_, err = c.DiscoveryV1().EndpointSlices(benchNS).Update(ctx, s, metav1.UpdateOptions{})
 	return err
