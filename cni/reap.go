@@ -14,9 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ReapArg is the first argument with which the plugin binary runs as a
-// reaper of one disarmed veth pair (see startReap) instead of serving a CNI
-// command: `weft reap-veth <host veth name>`.
+// ReapArg is the first argument with which the plugin binary runs as the
+// node's reaper (reaper.go) instead of serving a CNI command:
+// `weft reap-veth <host veth name>`.
 const ReapArg = "reap-veth"
 
 // reapTimeout bounds how long DEL waits for the reaper before it deletes
@@ -30,7 +30,7 @@ const reapTimeout = 5 * time.Second
 // CNI_IFNAME. Deleting a veth pair (or moving one end to another namespace)
 // is a synchronous netlink request that returns only after the kernel has
 // waited for RCU grace periods and for the last references to the devices:
-// 15-30 ms on the reference machines, almost all of it spent waiting, little
+// 20-30 ms on the reference machines, almost all of it spent waiting, little
 // of it holding RTNL. The device leaves its namespace's list at the very
 // start of that request, though, and the kernel announces it (RTM_DELLINK)
 // before the waits.
@@ -46,12 +46,12 @@ const reapTimeout = 5 * time.Second
 
 // reaping is a reaper under way and what DEL needs to wait for it.
 type reaping struct {
-	updates chan netlink.LinkUpdate
-	done    chan struct{}
-	exited  chan error
-	pod     *podNS
-	podIdx  int
-	host    netlink.Link
+	updates  chan netlink.LinkUpdate
+	done     chan struct{}
+	answered chan error
+	pod      *podNS
+	podIdx   int
+	host     netlink.Link
 }
 
 // startReap starts deleting the veth pair whose host side is host, so that
@@ -70,12 +70,12 @@ func startReap(nsPath string, host netlink.Link) (*reaping, error) {
 		return nil, fmt.Errorf("removing the pod side of %s: %w", host.Attrs().Name, err)
 	}
 	r := &reaping{
-		updates: make(chan netlink.LinkUpdate, 16),
-		done:    make(chan struct{}),
-		exited:  make(chan error, 1),
-		pod:     pod,
-		podIdx:  host.Attrs().ParentIndex,
-		host:    host,
+		updates:  make(chan netlink.LinkUpdate, 16),
+		done:     make(chan struct{}),
+		answered: make(chan error, 1),
+		pod:      pod,
+		podIdx:   host.Attrs().ParentIndex,
+		host:     host,
 	}
 	// The reaper first: its start is the longest step, and it overlaps
 	// with the rest of DEL. Whatever it deletes before the subscription
@@ -95,28 +95,28 @@ func startReap(nsPath string, host netlink.Link) (*reaping, error) {
 
 // spawn hands the host side to the node's reaper, starting one if none is
 // running. When the reaper has answered (or cannot be reached or started),
-// r.exited fires and wait deletes the pair itself if it is still there.
+// r.answered fires and wait deletes the pair itself if it is still there.
 func (r *reaping) spawn() {
 	name := r.host.Attrs().Name
 	if conn, err := net.Dial("unix", reaperSocket); err == nil {
-		go func() { r.exited <- askReaper(conn, name) }()
+		go func() { r.answered <- askReaper(conn, name) }()
 		return
 	}
 	self, err := os.Executable()
 	if err != nil {
-		r.exited <- err
+		r.answered <- err
 		return
 	}
 	cmd := exec.Command(self, ReapArg, name)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // not in the runtime's process group
 	if err := cmd.Start(); err != nil {
-		r.exited <- err
+		r.answered <- err
 		return
 	}
 	// The new reaper deletes this pair, then serves until idle; it exits
 	// long after DEL, which does not wait for it.
 	if err := cmd.Process.Release(); err != nil {
-		r.exited <- err
+		r.answered <- err
 	}
 }
 
@@ -137,7 +137,7 @@ func (r *reaping) wait() error {
 				return nil
 			}
 			continue
-		case <-r.exited:
+		case <-r.answered:
 		case <-timeout.C:
 		}
 		if gone, err := r.podSideGone(); gone || err != nil {
