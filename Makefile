@@ -24,10 +24,12 @@ all: build
 deps:
 	@bash hack/install-deps.sh
 
+# bin/cni/weft is replaced, not rewritten: the node's CNI reaper (weft
+# reap-veth, up to 30 s after a DEL) may still be running the old one.
 build:
 	@mkdir -p $(CNI_BIN)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
-	@cp $(BIN)/weft-cni $(CNI_BIN)/weft
+	@cp --remove-destination $(BIN)/weft-cni $(CNI_BIN)/weft
 	$(GO) build -trimpath -ldflags '-s -w' -o $(CNI_BIN)/ $(REF_PLUGINS)
 
 # Upstream control plane (kube-apiserver, kube-controller-manager, kube-proxy,
