@@ -12,4 +12,6 @@
 // the pod namespace, and undoes both if any later step fails. DEL and GC work
 // from the plugin's own state (the IPAM store and the deterministic host-side
 // veth names), so they need neither the runtime's cache nor the pod namespace.
+// DEL returns once the pod's interface has left the pod namespace; the
+// node's reaper (reap.go, reaper.go) finishes deleting the pair after it.
 package cni
