@@ -5,6 +5,9 @@ import (
 	"strconv"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
 	nt "github.com/weftnet/weft/policy/netpoltest"
 )
 
@@ -19,6 +22,7 @@ func TestNetworkPolicy(t *testing.T) {
 	if !b.expect(t, b.world, nil, "no policy") {
 		t.FailNow()
 	}
+	sourceCheck(t, b)
 	ran := 0
 	for _, sc := range nt.Scenarios(b.world) {
 		if sc.Invalid {
@@ -44,4 +48,33 @@ func TestNetworkPolicy(t *testing.T) {
 	if drops := c.droppedPackets(t); drops["ingress"] == 0 || drops["egress"] == 0 {
 		t.Errorf("agents report dropped packets %v, want both directions counted", drops)
 	}
+}
+
+// sourceCheck: x/a (node1) admits only x/b (node2) on UDP 7777. y/a (on
+// x/a's node: bridged) and x/c (node3: routed across nodes) forge x/b's
+// address with a raw socket; their datagrams must not arrive, while
+// x/b's own do.
+func sourceCheck(t *testing.T, b *netpolBed) {
+	t.Helper()
+	pols := []*networkingv1.NetworkPolicy{nt.Policy("x", "from-b", nt.L(nt.PodLabel, "a"),
+		nt.Ingress(nt.From(nt.Peers(nt.PodPeer(nt.L(nt.PodLabel, "b"))), nt.Port(corev1.ProtocolUDP, 7777))))}
+	b.reconcile(t, b.world, pols)
+	if !b.expect(t, b.world, pols, "x/a admits x/b on UDP 7777") {
+		t.FailNow()
+	}
+	sink, err := nt.ListenUDP(b.targets["x/a"].NSPath, 7777)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	for _, spoofer := range []string{"y/a", "x/c"} {
+		forged, err := nt.ForgedArrives(sink, b.targets[spoofer], b.targets["x/b"], b.targets["x/a"], 7777, spoofer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if forged {
+			t.Errorf("%s reached x/a with x/b's address", spoofer)
+		}
+	}
+	b.reconcile(t, b.world, nil)
 }
