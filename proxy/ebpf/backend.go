@@ -34,7 +34,7 @@ var hooks = []hook{
 }
 
 // mapNames are the maps weft pins (the names in bpf/sock.c).
-var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity"}
+var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity", "weft_affinity_members"}
 
 // Backend is the eBPF service proxy backend.
 type Backend struct {
@@ -135,7 +135,7 @@ func (b *Backend) start() error {
 	if err := loadSockObjects(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: b.cfg.PinPath}}); err != nil {
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
-	w := newWriter(objs.WeftServices, objs.WeftBackends)
+	w := newWriter(objs.WeftServices, objs.WeftBackends, objs.WeftAffinityMembers)
 	if err := w.load(); err != nil {
 		_ = objs.Close()
 		return err

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -58,23 +57,16 @@ func setup(t *testing.T, c *proxy.Config) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := join(filepath.Join(cg2, self)); err != nil {
+		// Processes the test started (the CNI plugin's veth reaper
+		// outlives a DEL) leave with it.
+		if err := moveAll(cg, filepath.Join(cg2, self)); err != nil {
 			t.Errorf("leaving the test cgroup: %v", err)
 		}
-		// The kernel may count the process in the cgroup for a moment
-		// after it left (EBUSY): retry.
-		var err error
-		for range 100 {
-			if err = os.Remove(cg); !errors.Is(err, unix.EBUSY) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if err != nil {
+		if err := os.Remove(cg); err != nil {
 			t.Errorf("removing the test cgroup: %v", err)
 		}
 	})
-	if err := join(cg); err != nil {
+	if err := join(cg, os.Getpid()); err != nil {
 		t.Fatal(err)
 	}
 	bpffs := mount(t, "bpf")
@@ -111,6 +103,25 @@ func ownCgroup() (string, error) {
 	return "", errors.New("no cgroup v2 line in /proc/self/cgroup")
 }
 
-func join(cgroup string) error {
-	return os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+func join(cgroup string, pid int) error {
+	return os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
+}
+
+// moveAll moves every process of cgroup from to cgroup to.
+func moveAll(from, to string) error {
+	b, err := os.ReadFile(filepath.Join(from, "cgroup.procs"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err == nil {
+			err = join(to, pid)
+		}
+		if err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("moving process %s: %w", f, err))
+		}
+	}
+	return errors.Join(errs...)
 }

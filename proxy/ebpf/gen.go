@@ -4,4 +4,4 @@ package ebpf
 // is needed to build weft); `make generate` rebuilds them and `make test`
 // checks that a rebuild gives the committed bytes (BPF_OUT, when set,
 // is where that rebuild writes).
-//go:generate go tool bpf2go -output-dir=${BPF_OUT} -tags linux -target bpfel -type svc_key -type svc_value -type backend sock bpf/sock.c -- -I/usr/include/x86_64-linux-gnu -O2 -Wall -Werror
+//go:generate go tool bpf2go -output-dir=${BPF_OUT} -tags linux -target bpfel -type svc_key -type svc_value -type backend -type affinity_member sock bpf/sock.c -- -I/usr/include/x86_64-linux-gnu -O2 -Wall -Werror

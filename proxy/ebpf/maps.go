@@ -37,6 +37,7 @@ type frontendState struct {
 // back) so that a sync writes only what changed.
 type writer struct {
 	services, backends *ebpf.Map
+	members            *ebpf.Map // affinity members
 	fronts             map[FrontendKey]*frontendState
 	backendID          map[netip.AddrPort]uint32
 	backendAddr        map[uint32]netip.AddrPort
@@ -56,8 +57,8 @@ type Stats struct {
 	UnchangedSkipped int
 }
 
-func newWriter(services, backends *ebpf.Map) *writer {
-	return &writer{services: services, backends: backends, fronts: map[FrontendKey]*frontendState{},
+func newWriter(services, backends, members *ebpf.Map) *writer {
+	return &writer{services: services, backends: backends, members: members, fronts: map[FrontendKey]*frontendState{},
 		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{}}
 }
 
@@ -207,12 +208,57 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 		return err
 	}
 	next.used[next.half] = uint16(len(ids))
+	if next.affinity > 0 {
+		if err := w.setMembers(next.id, ids); err != nil {
+			return err
+		}
+	}
 	m := sockSvcValue{Count: uint16(len(ids)), Half: next.half, Flags: flags, SvcId: next.id, AffinityTimeout: next.affinity}
 	if err := w.services.Update(svcKey(k, 0), m, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("writing the master entry: %w", err)
 	}
 	w.fronts[k] = next
 	w.Stats.Frontends++
+	if cur != nil && cur.affinity > 0 {
+		keep := ids
+		if next.affinity == 0 {
+			keep = nil
+		}
+		return w.dropMembers(cur.id, cur.backends, keep)
+	}
+	return nil
+}
+
+// setMembers records ids as the backends affinity may return to.
+func (w *writer) setMembers(svc uint32, ids []uint32) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	keys := make([]sockAffinityMember, len(ids))
+	vals := make([]uint8, len(ids))
+	for i, id := range ids {
+		keys[i] = sockAffinityMember{SvcId: svc, BackendId: id}
+	}
+	if _, err := w.members.BatchUpdate(keys, vals, nil); err != nil {
+		return fmt.Errorf("writing %d affinity members: %w", len(ids), err)
+	}
+	return nil
+}
+
+// dropMembers deletes the affinity members of old that keep lacks.
+func (w *writer) dropMembers(svc uint32, old, keep []uint32) error {
+	kept := map[uint32]bool{}
+	for _, id := range keep {
+		kept[id] = true
+	}
+	for _, id := range old {
+		if kept[id] {
+			continue
+		}
+		if err := w.members.Delete(sockAffinityMember{SvcId: svc, BackendId: id}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting an affinity member: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -238,6 +284,9 @@ func (w *writer) remove(k FrontendKey, f *frontendState) error {
 		if err := w.deleteSlots(k, h*slotHalf, 1, f.used[h]); err != nil {
 			return err
 		}
+	}
+	if f.affinity > 0 {
+		return w.dropMembers(f.id, f.backends, nil)
 	}
 	return nil
 }

@@ -20,6 +20,12 @@ type sockAffinityKey struct {
 	Pad         uint32
 }
 
+type sockAffinityMember struct {
+	_         structs.HostLayout
+	SvcId     uint32
+	BackendId uint32
+}
+
 type sockAffinityValue struct {
 	_         structs.HostLayout
 	LastNs    uint64
@@ -74,18 +80,19 @@ type sockSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapWeftAffinity      = "weft_affinity"
-	sockMapWeftBackends      = "weft_backends"
-	sockMapWeftRevnat        = "weft_revnat"
-	sockMapWeftServices      = "weft_services"
-	sockProgWeftConnect4     = "weft_connect4"
-	sockProgWeftConnect6     = "weft_connect6"
-	sockProgWeftGetpeername4 = "weft_getpeername4"
-	sockProgWeftGetpeername6 = "weft_getpeername6"
-	sockProgWeftRecvmsg4     = "weft_recvmsg4"
-	sockProgWeftRecvmsg6     = "weft_recvmsg6"
-	sockProgWeftSendmsg4     = "weft_sendmsg4"
-	sockProgWeftSendmsg6     = "weft_sendmsg6"
+	sockMapWeftAffinity        = "weft_affinity"
+	sockMapWeftAffinityMembers = "weft_affinity_members"
+	sockMapWeftBackends        = "weft_backends"
+	sockMapWeftRevnat          = "weft_revnat"
+	sockMapWeftServices        = "weft_services"
+	sockProgWeftConnect4       = "weft_connect4"
+	sockProgWeftConnect6       = "weft_connect6"
+	sockProgWeftGetpeername4   = "weft_getpeername4"
+	sockProgWeftGetpeername6   = "weft_getpeername6"
+	sockProgWeftRecvmsg4       = "weft_recvmsg4"
+	sockProgWeftRecvmsg6       = "weft_recvmsg6"
+	sockProgWeftSendmsg4       = "weft_sendmsg4"
+	sockProgWeftSendmsg6       = "weft_sendmsg6"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -144,10 +151,11 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	WeftAffinity *ebpf.MapSpec `ebpf:"weft_affinity"`
-	WeftBackends *ebpf.MapSpec `ebpf:"weft_backends"`
-	WeftRevnat   *ebpf.MapSpec `ebpf:"weft_revnat"`
-	WeftServices *ebpf.MapSpec `ebpf:"weft_services"`
+	WeftAffinity        *ebpf.MapSpec `ebpf:"weft_affinity"`
+	WeftAffinityMembers *ebpf.MapSpec `ebpf:"weft_affinity_members"`
+	WeftBackends        *ebpf.MapSpec `ebpf:"weft_backends"`
+	WeftRevnat          *ebpf.MapSpec `ebpf:"weft_revnat"`
+	WeftServices        *ebpf.MapSpec `ebpf:"weft_services"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -176,15 +184,17 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	WeftAffinity *ebpf.Map `ebpf:"weft_affinity"`
-	WeftBackends *ebpf.Map `ebpf:"weft_backends"`
-	WeftRevnat   *ebpf.Map `ebpf:"weft_revnat"`
-	WeftServices *ebpf.Map `ebpf:"weft_services"`
+	WeftAffinity        *ebpf.Map `ebpf:"weft_affinity"`
+	WeftAffinityMembers *ebpf.Map `ebpf:"weft_affinity_members"`
+	WeftBackends        *ebpf.Map `ebpf:"weft_backends"`
+	WeftRevnat          *ebpf.Map `ebpf:"weft_revnat"`
+	WeftServices        *ebpf.Map `ebpf:"weft_services"`
 }
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
 		m.WeftAffinity,
+		m.WeftAffinityMembers,
 		m.WeftBackends,
 		m.WeftRevnat,
 		m.WeftServices,

@@ -190,6 +190,34 @@ func services(t *testing.T, b Backend) {
 			t.Fatalf("answer %q from %s, want a's answer from %s", buf[:k], from, vip)
 		}
 	})
+	// Last: it changes the scenario.
+	t.Run("ClientIP affinity leaves an endpoint removed from the Service", func(t *testing.T) {
+		b.Need(t, Affinity)
+		r, err := Get(pb.NS, "", "http://10.96.0.15/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := r.Pod
+		// The remembered endpoint leaves sticky but stays an endpoint of web.
+		var rest []Endpoint
+		for _, name := range []string{"a", "b", "c"} {
+			if name != first {
+				rest = append(rest, n.Local(name))
+			}
+		}
+		for i, es := range n.Slices {
+			if es.Labels[discoveryv1.LabelServiceName] == "sticky" {
+				n.Slices[i] = Slice("sticky", rest...)
+			}
+		}
+		n.Sync()
+		for i := 0; i < 10; i++ {
+			r, err := Get(pb.NS, "", "http://10.96.0.15/")
+			if err != nil || r.Pod == first {
+				t.Fatalf("request %d after %s left the Service: %+v %v", i, first, r, err)
+			}
+		}
+	})
 }
 
 // dualStack: a dual-stack Service answers on its IPv6 ClusterIP from a pod

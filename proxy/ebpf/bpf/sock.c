@@ -21,6 +21,9 @@
 //     port, for recvmsg and getpeername.
 //   affinity: (network namespace cookie, frontend id) -> backend id and
 //     last use, for ClientIP session affinity (a pod has one namespace).
+//   affinity_members: (frontend id, backend id) for the active backends of
+//     frontends with affinity: a remembered backend that left the
+//     frontend's list is not used, even while other frontends keep it.
 
 #include <linux/bpf.h>
 #include <linux/in.h>
@@ -87,6 +90,11 @@ struct affinity_value {
 	__u32 pad;
 };
 
+struct affinity_member {
+	__u32 svc_id;
+	__u32 backend_id;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct svc_key);
@@ -120,6 +128,15 @@ struct {
 	__uint(max_entries, 1 << 16);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weft_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct affinity_member);
+	__type(value, __u8);
+	__uint(max_entries, 1 << 18);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weft_affinity_members SEC(".maps");
 
 static __always_inline void v4_addr(__u32 addr[4], __u32 ip)
 {
@@ -157,7 +174,10 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 		now = bpf_ktime_get_ns();
 		av = bpf_map_lookup_elem(&weft_affinity, &ak);
 		if (av && now - av->last_ns < (__u64)m->affinity_timeout * 1000000000ULL) {
-			struct backend *be = bpf_map_lookup_elem(&weft_backends, &av->backend_id);
+			struct affinity_member mk = {.svc_id = m->svc_id, .backend_id = av->backend_id};
+			struct backend *be = 0;
+			if (bpf_map_lookup_elem(&weft_affinity_members, &mk))
+				be = bpf_map_lookup_elem(&weft_backends, &av->backend_id);
 			if (be) {
 				av->last_ns = now;
 				*id = av->backend_id;
