@@ -54,8 +54,11 @@ type Proxier struct {
 	synced     chan struct{} // closed by OnSynced
 	syncedOnce sync.Once
 
+	// triggers are the last-change-trigger-times of slice changes not yet
+	// programmed: one per change since the last successful sync (while
+	// syncs fail, they accumulate until one succeeds).
 	mu       sync.Mutex
-	triggers []time.Time // last-change-trigger-times of slice changes not yet programmed
+	triggers []time.Time
 
 	prev       model.State
 	lastSyncOK atomic.Int64
