@@ -126,3 +126,45 @@ func (s *UDPSink) Received(d time.Duration) map[string]netip.Addr {
 
 // Close closes the socket.
 func (s *UDPSink) Close() error { return s.conn.Close() }
+
+// ForgedArrives reports whether datagrams that spoofer sends with peer's
+// address reach the sink (listening on port in to's namespace). peer's
+// own datagrams, sent along, must arrive: an error says the probe could
+// not tell. The spoofer first sends one datagram of its own (its
+// neighbour lookup needs a source address of its own; IPv6 will not use
+// a forged one); a routed forged datagram may wait for the node's
+// neighbour entry, so forged ones keep coming for a while.
+func ForgedArrives(sink *UDPSink, spoofer, peer, to Target, port uint16, tag string) (bool, error) {
+	src, err := netip.ParseAddr(peer.IP)
+	if err != nil {
+		return false, err
+	}
+	dst, err := netip.ParseAddr(to.IP)
+	if err != nil {
+		return false, err
+	}
+	own, err := netip.ParseAddr(spoofer.IP)
+	if err != nil {
+		return false, err
+	}
+	forged, genuine := "forged-"+tag, "genuine-"+tag
+	if err := SpoofUDP(spoofer.NSPath, own, dst, port, []byte("own-"+tag)); err != nil {
+		return false, err
+	}
+	got := map[string]netip.Addr{}
+	for try := 0; try < 50 && got[forged] != src && (got[genuine] != src || try < 10); try++ {
+		if err := SpoofUDP(spoofer.NSPath, src, dst, port, []byte(forged)); err != nil {
+			return false, err
+		}
+		if err := SpoofUDP(peer.NSPath, src, dst, port, []byte(genuine)); err != nil {
+			return false, err
+		}
+		for k, v := range sink.Received(100 * time.Millisecond) {
+			got[k] = v
+		}
+	}
+	if got[forged] != src && got[genuine] != src {
+		return false, fmt.Errorf("%s's own datagrams to %s never arrived (got %v)", src, dst, got)
+	}
+	return got[forged] == src, nil
+}
