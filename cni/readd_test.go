@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -124,4 +125,32 @@ func reapers(t *testing.T) []int {
 		}
 	}
 	return pids
+}
+
+// TestStuckReaper: DEL does not depend on the reaper. With the node's
+// reaper stopped (it accepts the request but never answers), DEL still
+// takes the pod side out of the namespace, by deleting the pair itself
+// once it has waited long enough.
+func TestStuckReaper(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.1.0", "stuck", e.weft(subnet(podCIDR)))
+	a, b := e.pod(), e.pod()
+	e.add(list, a)
+	e.add(list, b)
+	e.del(list, a) // leaves a reaper serving the node
+	pids := reapers(t)
+	if len(pids) != 1 {
+		t.Fatalf("reapers after DEL: %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = syscall.Kill(pids[0], syscall.SIGCONT) }()
+	e.del(list, b)
+	if l := podLinks(t, b.NetNS); len(l) != 0 {
+		t.Fatalf("pod namespace after DEL with a stuck reaper holds %v", l)
+	}
+	if v := e.hostVeths(); len(v) != 0 {
+		t.Fatalf("bridge ports after DEL with a stuck reaper: %v", v)
+	}
 }
