@@ -46,7 +46,7 @@ func TestPartialSyncAndRestart(t *testing.T) {
 	if st := sync(n); !st.Full || st.Chains != fixed || st.Deleted > 0 {
 		t.Fatalf("a new backend's first sync: %+v, want a full sync of the %d fixed chains only", st, fixed)
 	}
-	if r, err := proxytest.Get(n.Pods["b"].NS, "", "http://10.96.1.4/"); err != nil || r.Pod != "a" {
+	if r, err := proxytest.Get(n.Pods["b"].NS, "", "http://10.96.1.5/"); err != nil || r.Pod != "a" {
 		t.Fatalf("service after restart: %+v %v", r, err)
 	}
 }
