@@ -33,7 +33,7 @@ type flags struct {
 	healthz, metrics, cgroupRoot, bpfPinPath         string
 	nodeIPs                                          cliflag.Addrs
 	clusterCIDRs, nodePortAddrs                      cliflag.Prefixes
-	masqAll, dryRun, cleanup                         bool
+	masqAll, dryRun, cleanup, dump                   bool
 	masqBit                                          int
 	minSync, sync                                    time.Duration
 }
@@ -59,6 +59,7 @@ func main() {
 	flag.StringVar(&f.metrics, "metrics-addr", ":10249", "address for /metrics (empty: off)")
 	flag.BoolVar(&f.dryRun, "dry-run", false, "print the rules the first sync would apply, and exit")
 	flag.BoolVar(&f.cleanup, "cleanup", false, "remove everything weft-proxy installed, and exit")
+	flag.BoolVar(&f.dump, "dump", false, "ebpf mode: print the service and backend maps as a table, and exit")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -78,6 +79,12 @@ func parseConfig(f flags, log *slog.Logger) proxy.Config {
 
 func run(f flags, log *slog.Logger) error {
 	cfg := parseConfig(f, log)
+	if f.dump {
+		if f.mode != "ebpf" {
+			return fmt.Errorf("--dump: not supported by mode %s", f.mode)
+		}
+		return ebpf.Dump(f.bpfPinPath, os.Stdout)
+	}
 	if (f.kubeconfig == "") == (f.manifests == "") && !f.cleanup {
 		return errors.New("give exactly one of --kubeconfig and --manifests")
 	}

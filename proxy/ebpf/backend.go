@@ -136,7 +136,11 @@ func (b *Backend) start() error {
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
 	w := newWriter(objs.WeftServices, objs.WeftBackends, objs.WeftAffinityMembers)
-	if err := w.load(); err != nil {
+	err := w.load()
+	if err == nil {
+		err = w.dropOrphans()
+	}
+	if err != nil {
 		_ = objs.Close()
 		return err
 	}

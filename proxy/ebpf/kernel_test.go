@@ -183,3 +183,25 @@ func programIDs(t *testing.T, cgroup string, a ebpf.AttachType) []ebpf.ProgramID
 	}
 	return ids
 }
+
+// TestDump: --dump prints what the maps hold, one frontend per line.
+func TestDump(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a", "b")
+	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil), proxytest.Service("empty", "10.96.0.16", nil)}
+	n.Slices = append(n.Slices, proxytest.Slice("web", n.Local("a"), n.Local("b")))
+	n.Sync()
+	var out strings.Builder
+	if err := weftebpf.Dump(envs[t].pin, &out); err != nil {
+		t.Fatal(err)
+	}
+	a, b := n.Pods["a"].IP, n.Pods["b"].IP
+	for _, want := range []string{
+		fmt.Sprintf("10.96.0.10:80/TCP  forward  -         %s:80 %s:80", a, b),
+		fmt.Sprintf("10.96.0.10:81/TCP  forward  -         %s:81 %s:81", a, b),
+		"10.96.0.16:80/TCP  reject",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("dump lacks %q:\n%s", want, out.String())
+		}
+	}
+}

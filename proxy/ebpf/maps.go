@@ -43,6 +43,7 @@ type writer struct {
 	backendAddr        map[uint32]netip.AddrPort
 	nextBackend        uint32
 	nextFront          uint32
+	orphans            []sockSvcKey // slots without a master entry, found by load
 	// Stats of the last apply.
 	Stats Stats
 }
@@ -104,15 +105,25 @@ func (w *writer) load() error {
 			}
 		}
 	}
-	// Frontends whose slots are gone (a crash mid-removal) are removed by
-	// the next apply; orphan slots without a master are deleted here.
 	for fk, s := range slots {
 		if w.fronts[fk] == nil {
 			for slot := range s {
-				_ = w.services.Delete(svcKey(fk, slot))
+				w.orphans = append(w.orphans, svcKey(fk, slot))
 			}
 		}
 	}
+	return nil
+}
+
+// dropOrphans deletes the slots load found without a master entry (a
+// removal interrupted between the master entry and its slots).
+func (w *writer) dropOrphans() error {
+	for _, k := range w.orphans {
+		if err := w.services.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting an orphan slot: %w", err)
+		}
+	}
+	w.orphans = nil
 	return nil
 }
 
