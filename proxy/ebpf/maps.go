@@ -43,7 +43,9 @@ type writer struct {
 	backendAddr        map[uint32]netip.AddrPort
 	nextBackend        uint32
 	nextFront          uint32
-	orphans            []sockSvcKey // slots without a master entry, found by load
+	orphans            []sockSvcKey    // slots without a master entry, found by load
+	refs               map[uint32]int  // active lists naming each backend
+	unused             map[uint32]bool // backends whose count fell to 0 this sync
 	// Stats of the last apply.
 	Stats Stats
 }
@@ -60,7 +62,8 @@ type Stats struct {
 
 func newWriter(services, backends, members *ebpf.Map) *writer {
 	return &writer{services: services, backends: backends, members: members, fronts: map[FrontendKey]*frontendState{},
-		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{}}
+		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{},
+		refs: map[uint32]int{}, unused: map[uint32]bool{}}
 }
 
 // load reads the maps back (after a restart).
@@ -103,6 +106,14 @@ func (w *writer) load() error {
 			if i := int(slot%slotHalf) - 1; uint8(h) == f.half && i < len(f.backends) {
 				f.backends[i] = id
 			}
+		}
+	}
+	for _, f := range w.fronts {
+		w.ref(nil, f.backends)
+	}
+	for id := range w.backendAddr {
+		if w.refs[id] == 0 {
+			w.unused[id] = true
 		}
 	}
 	for fk, s := range slots {
@@ -230,6 +241,11 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 	}
 	w.fronts[k] = next
 	w.Stats.Frontends++
+	var old []uint32
+	if cur != nil {
+		old = cur.backends
+	}
+	w.ref(old, ids)
 	if cur != nil && cur.affinity > 0 {
 		keep := ids
 		if next.affinity == 0 {
@@ -290,6 +306,7 @@ func (w *writer) remove(k FrontendKey, f *frontendState) error {
 		return err
 	}
 	delete(w.fronts, k)
+	w.ref(f.backends, nil)
 	w.Stats.Removed++
 	for h := range uint16(2) {
 		if err := w.deleteSlots(k, h*slotHalf, 1, f.used[h]); err != nil {
@@ -313,27 +330,40 @@ func (w *writer) backend(ap netip.AddrPort) (uint32, error) {
 	}
 	w.nextBackend = id
 	w.backendID[ap], w.backendAddr[id] = id, ap
+	w.unused[id] = true // until a master entry names it
 	w.Stats.BackendsAdded++
 	return id, nil
 }
 
-// collect deletes the backends no active list uses any more.
-func (w *writer) collect() error {
-	used := map[uint32]bool{}
-	for _, f := range w.fronts {
-		for _, id := range f.backends {
-			used[id] = true
+// ref moves the active-list counts from old to new ids, noting backends
+// that no list uses any more.
+func (w *writer) ref(old, new []uint32) {
+	for _, id := range new {
+		w.refs[id]++
+		delete(w.unused, id)
+	}
+	for _, id := range old {
+		if w.refs[id]--; w.refs[id] <= 0 {
+			delete(w.refs, id)
+			w.unused[id] = true
 		}
 	}
+}
+
+// collect deletes the backends no active list uses any more.
+func (w *writer) collect() error {
 	var errs []error
-	for id, ap := range w.backendAddr {
-		if used[id] {
+	for id := range w.unused {
+		if w.refs[id] > 0 {
+			delete(w.unused, id)
 			continue
 		}
+		ap := w.backendAddr[id]
 		if err := w.backends.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("deleting backend %s: %w", ap, err))
 			continue
 		}
+		delete(w.unused, id)
 		delete(w.backendAddr, id)
 		delete(w.backendID, ap)
 		w.Stats.BackendsRemoved++

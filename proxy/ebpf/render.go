@@ -1,8 +1,9 @@
 package ebpf
 
 import (
+	"cmp"
 	"net/netip"
-	"sort"
+	"slices"
 
 	"github.com/weftnet/weft/proxy/model"
 )
@@ -56,7 +57,10 @@ func Render(cfg Config, st model.State) map[FrontendKey]Frontend {
 	for n := range st.Ports {
 		names = append(names, n)
 	}
-	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
+	slices.SortFunc(names, func(a, b model.ServicePortName) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
+			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+	})
 	out := map[FrontendKey]Frontend{}
 	add := func(sp *model.ServicePort, addr netip.Addr, port uint16, eps []model.Endpoint, sel model.Selected) {
 		k := FrontendKey{Addr: addr.Unmap(), Port: port, Protocol: sp.Protocol}
