@@ -39,6 +39,7 @@ var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_a
 // Backend is the eBPF service proxy backend.
 type Backend struct {
 	cfg   Config
+	r     *Renderer
 	objs  *sockObjects
 	links []link.Link
 	w     *writer
@@ -51,7 +52,7 @@ func New(cfg Config) (*Backend, error) {
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
-	return &Backend{cfg: cfg}, nil
+	return &Backend{cfg: cfg, r: NewRenderer(cfg)}, nil
 }
 
 // Probe returns an error naming the first thing the backend needs that
@@ -113,7 +114,8 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		}
 		full = true
 	}
-	if err := b.w.apply(Render(b.cfg, st), full); err != nil {
+	want, dirty := b.r.Update(st)
+	if err := b.w.apply(want, dirty, full); err != nil {
 		return fmt.Errorf("syncing ebpf maps: %w", err)
 	}
 	return nil

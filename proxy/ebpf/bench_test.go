@@ -49,7 +49,7 @@ func benchWriter(b *testing.B) *writer {
 }
 
 // BenchmarkSync: programming n services x 10 endpoints into empty maps,
-// and one endpoint change (Render of the whole state plus the map writes).
+// and one endpoint change (the incremental render plus the map writes).
 func BenchmarkSync(b *testing.B) {
 	if !netnsutil.Isolated() {
 		b.Skip("needs root (BPF maps in a private namespace)")
@@ -62,14 +62,15 @@ func BenchmarkSync(b *testing.B) {
 				b.StopTimer()
 				w := benchWriter(b)
 				b.StartTimer()
-				if err := w.apply(Render(cfg, st), true); err != nil {
+				if err := w.apply(Render(cfg, st), nil, true); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 		b.Run(fmt.Sprintf("services=%d/one-endpoint-change", n), func(b *testing.B) {
-			w := benchWriter(b)
-			if err := w.apply(Render(cfg, st), true); err != nil {
+			w, r := benchWriter(b), NewRenderer(cfg)
+			want, _ := r.Update(st)
+			if err := w.apply(want, nil, true); err != nil {
 				b.Fatal(err)
 			}
 			var name model.ServicePortName
@@ -86,7 +87,8 @@ func BenchmarkSync(b *testing.B) {
 					st.Endpoints[name] = changed
 				}
 				i++
-				if err := w.apply(Render(cfg, st), false); err != nil {
+				want, dirty := r.Update(st)
+				if err := w.apply(want, dirty, false); err != nil {
 					b.Fatal(err)
 				}
 				if w.Stats.Frontends != 1 {

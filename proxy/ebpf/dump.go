@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -39,7 +39,7 @@ func Dump(pinPath string, out io.Writer) error {
 	for k := range w.fronts {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return less(keys[i], keys[j]) })
+	slices.SortFunc(keys, compareKeys)
 	tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "FRONTEND\tVERDICT\tAFFINITY\tBACKENDS")
 	for _, k := range keys {

@@ -1,11 +1,12 @@
 package ebpf
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
+	"slices"
 
 	"github.com/cilium/ebpf"
 
@@ -138,26 +139,37 @@ func (w *writer) dropOrphans() error {
 	return nil
 }
 
-// apply makes the maps hold want; with full it rewrites every frontend.
-func (w *writer) apply(want map[FrontendKey]Frontend, full bool) error {
+// apply makes the maps hold want for the keys in dirty (want is complete;
+// dirty names the frontends that may differ from what was written); with
+// full it compares and rewrites every frontend.
+func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool, full bool) error {
 	w.Stats = Stats{}
-	keys := make([]FrontendKey, 0, len(want))
-	for k := range want {
-		keys = append(keys, k)
+	var keys []FrontendKey
+	if full {
+		for k := range want {
+			keys = append(keys, k)
+		}
+		for k := range w.fronts {
+			if _, ok := want[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+	} else {
+		for k := range dirty {
+			keys = append(keys, k)
+		}
 	}
-	sort.Slice(keys, func(i, j int) bool { return less(keys[i], keys[j]) })
+	slices.SortFunc(keys, compareKeys)
 	var errs []error
 	for _, k := range keys {
-		if err := w.write(k, want[k], full); err != nil {
-			errs = append(errs, fmt.Errorf("service port %s, frontend %s: %w", want[k].Service, k, err))
-		}
-	}
-	for k, f := range w.fronts {
-		if _, ok := want[k]; ok {
-			continue
-		}
-		if err := w.remove(k, f); err != nil {
-			errs = append(errs, fmt.Errorf("removing frontend %s: %w", k, err))
+		if f, ok := want[k]; ok {
+			if err := w.write(k, f, full); err != nil {
+				errs = append(errs, fmt.Errorf("service port %s, frontend %s: %w", f.Service, k, err))
+			}
+		} else if cur := w.fronts[k]; cur != nil {
+			if err := w.remove(k, cur); err != nil {
+				errs = append(errs, fmt.Errorf("removing frontend %s: %w", k, err))
+			}
 		}
 	}
 	if err := w.collect(); err != nil {
@@ -170,14 +182,8 @@ func (k FrontendKey) String() string {
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Protocol)
 }
 
-func less(a, b FrontendKey) bool {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c < 0
-	}
-	if a.Port != b.Port {
-		return a.Port < b.Port
-	}
-	return a.Protocol < b.Protocol
+func compareKeys(a, b FrontendKey) int {
+	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
 // write programs one frontend: new backends, then the inactive half of its

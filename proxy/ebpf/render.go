@@ -57,12 +57,30 @@ func Render(cfg Config, st model.State) map[FrontendKey]Frontend {
 	for n := range st.Ports {
 		names = append(names, n)
 	}
-	slices.SortFunc(names, func(a, b model.ServicePortName) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
-	})
+	slices.SortFunc(names, compareNames)
 	out := map[FrontendKey]Frontend{}
-	add := func(sp *model.ServicePort, addr netip.Addr, port uint16, eps []model.Endpoint, sel model.Selected) {
+	for _, name := range names {
+		for k, f := range renderPort(cfg, st.Ports[name], st.Endpoints[name]) {
+			if _, taken := out[k]; !taken {
+				out[k] = f
+			}
+		}
+	}
+	return out
+}
+
+func compareNames(a, b model.ServicePortName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
+		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+}
+
+// renderPort returns the frontends of one service port.
+func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[FrontendKey]Frontend {
+	out := map[FrontendKey]Frontend{}
+	if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
+		return out
+	}
+	add := func(addr netip.Addr, port uint16, eps []model.Endpoint, sel model.Selected) {
 		k := FrontendKey{Addr: addr.Unmap(), Port: port, Protocol: sp.Protocol}
 		if _, taken := out[k]; taken {
 			return
@@ -80,51 +98,124 @@ func Render(cfg Config, st model.State) map[FrontendKey]Frontend {
 		}
 		out[k] = f
 	}
-	for _, name := range names {
-		sp := st.Ports[name]
-		if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
+	for _, fam := range []bool{true, false} {
+		is4 := func(a netip.Addr) bool { return a.Unmap().Is4() == fam }
+		var eps []model.Endpoint
+		for _, e := range all {
+			if is4(e.IP) {
+				eps = append(eps, e)
+			}
+		}
+		sel := model.Select(sp, eps, cfg.NodeName, cfg.Zone)
+		for _, ip := range sp.ClusterIPs {
+			if is4(ip) {
+				add(ip, sp.Port, sel.Internal, sel)
+			}
+		}
+		if !sp.HasExternal() {
 			continue
 		}
-		for _, fam := range []bool{true, false} {
-			is4 := func(a netip.Addr) bool { return a.Unmap().Is4() == fam }
-			var eps []model.Endpoint
-			for _, e := range st.Endpoints[name] {
-				if is4(e.IP) {
-					eps = append(eps, e)
-				}
-			}
-			sel := model.Select(sp, eps, cfg.NodeName, cfg.Zone)
-			for _, ip := range sp.ClusterIPs {
+		cluster := *sp
+		cluster.ExternalPolicyLocal = false
+		csel := model.Select(&cluster, eps, cfg.NodeName, cfg.Zone)
+		if sp.NodePort != 0 {
+			for _, ip := range cfg.NodePortIPs {
 				if is4(ip) {
-					add(sp, ip, sp.Port, sel.Internal, sel)
+					add(ip, sp.NodePort, csel.External, csel)
 				}
 			}
-			if !sp.HasExternal() {
-				continue
+		}
+		for _, ip := range sp.ExternalIPs {
+			if is4(ip) {
+				add(ip, sp.Port, csel.External, csel)
 			}
-			cluster := *sp
-			cluster.ExternalPolicyLocal = false
-			csel := model.Select(&cluster, eps, cfg.NodeName, cfg.Zone)
-			if sp.NodePort != 0 {
-				for _, ip := range cfg.NodePortIPs {
-					if is4(ip) {
-						add(sp, ip, sp.NodePort, csel.External, csel)
-					}
-				}
-			}
-			for _, ip := range sp.ExternalIPs {
+		}
+		if len(sp.SourceRanges) == 0 {
+			for _, ip := range sp.LoadBalancerIPs {
 				if is4(ip) {
-					add(sp, ip, sp.Port, csel.External, csel)
-				}
-			}
-			if len(sp.SourceRanges) == 0 {
-				for _, ip := range sp.LoadBalancerIPs {
-					if is4(ip) {
-						add(sp, ip, sp.Port, csel.External, csel)
-					}
+					add(ip, sp.Port, csel.External, csel)
 				}
 			}
 		}
 	}
 	return out
+}
+
+// Renderer is Render's incremental form: it keeps each service port's
+// frontends and re-renders only the ports whose ServicePort or endpoint
+// list changed (the tracker never mutates either, so pointer identity
+// tells), reporting the frontends that may differ.
+type Renderer struct {
+	cfg    Config
+	ports  map[model.ServicePortName]renderedPort
+	claims map[FrontendKey][]model.ServicePortName // ports rendering a key, in name order
+	out    map[FrontendKey]Frontend
+}
+
+type renderedPort struct {
+	sp     *model.ServicePort
+	eps    []model.Endpoint
+	fronts map[FrontendKey]Frontend
+}
+
+// NewRenderer returns an empty incremental renderer.
+func NewRenderer(cfg Config) *Renderer {
+	return &Renderer{cfg: cfg, ports: map[model.ServicePortName]renderedPort{},
+		claims: map[FrontendKey][]model.ServicePortName{}, out: map[FrontendKey]Frontend{}}
+}
+
+// Update returns what Render(st) returns (the renderer's own map: do not
+// change it) and the keys whose frontend may have changed or gone.
+func (r *Renderer) Update(st model.State) (map[FrontendKey]Frontend, map[FrontendKey]bool) {
+	dirty := map[FrontendKey]bool{}
+	for name, rp := range r.ports {
+		if _, ok := st.Ports[name]; !ok {
+			r.drop(name, rp, dirty)
+			delete(r.ports, name)
+		}
+	}
+	for name, sp := range st.Ports {
+		eps := st.Endpoints[name]
+		rp, ok := r.ports[name]
+		if ok && rp.sp == sp && sameList(rp.eps, eps) {
+			continue
+		}
+		if ok {
+			r.drop(name, rp, dirty)
+		}
+		rp = renderedPort{sp: sp, eps: eps, fronts: renderPort(r.cfg, sp, eps)}
+		r.ports[name] = rp
+		for k := range rp.fronts {
+			c := append(r.claims[k], name)
+			slices.SortFunc(c, compareNames)
+			r.claims[k] = c
+			dirty[k] = true
+		}
+	}
+	for k := range dirty {
+		if c := r.claims[k]; len(c) > 0 {
+			r.out[k] = r.ports[c[0]].fronts[k]
+		} else {
+			delete(r.out, k)
+		}
+	}
+	return r.out, dirty
+}
+
+// drop withdraws a port's claims.
+func (r *Renderer) drop(name model.ServicePortName, rp renderedPort, dirty map[FrontendKey]bool) {
+	for k := range rp.fronts {
+		c := slices.DeleteFunc(r.claims[k], func(n model.ServicePortName) bool { return n == name })
+		if len(c) == 0 {
+			delete(r.claims, k)
+		} else {
+			r.claims[k] = c
+		}
+		dirty[k] = true
+	}
+}
+
+// sameList reports whether a and b are the same slice.
+func sameList(a, b []model.Endpoint) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }

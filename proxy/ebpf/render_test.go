@@ -1,9 +1,13 @@
 package ebpf_test
 
 import (
+	"maps"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/model"
@@ -89,4 +93,68 @@ func TestProbeNamesTheFlag(t *testing.T) {
 			t.Errorf("New(%+v): %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
+}
+
+// TestRendererMatchesRender drives the incremental renderer through
+// changes delivered by the real tracker and checks after each that it
+// gives what Render gives from scratch, and that every frontend that
+// differs from the previous step is reported dirty.
+func TestRendererMatchesRender(t *testing.T) {
+	cfg := ebpf.Config{NodeName: proxytest.NodeName, NodePortIPs: []netip.Addr{netip.MustParseAddr(proxytest.NodeIP)}}
+	svcs, slices := proxytest.Scenario()
+	tr := model.NewTracker()
+	for _, s := range svcs {
+		tr.OnService(nil, s)
+	}
+	for _, es := range slices {
+		tr.OnEndpointSlice(nil, es)
+	}
+	r := ebpf.NewRenderer(cfg)
+	prev := map[ebpf.FrontendKey]ebpf.Frontend{}
+	check := func(step string) {
+		t.Helper()
+		st, _, _ := tr.Snapshot()
+		got, dirty := r.Update(st)
+		want := ebpf.Render(cfg, st)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: incremental render differs from Render:\n got %v\nwant %v", step, got, want)
+		}
+		for k, f := range want {
+			if p, ok := prev[k]; (!ok || !reflect.DeepEqual(p, f)) && !dirty[k] {
+				t.Fatalf("%s: %v changed but is not dirty", step, k)
+			}
+		}
+		for k := range prev {
+			if _, ok := want[k]; !ok && !dirty[k] {
+				t.Fatalf("%s: %v went but is not dirty", step, k)
+			}
+		}
+		prev = maps.Clone(want)
+	}
+	check("initial")
+	find := func(name string) *corev1.Service {
+		for _, s := range svcs {
+			if s.Name == name {
+				return s
+			}
+		}
+		t.Fatalf("no service %s", name)
+		return nil
+	}
+	// An endpoint joins web.
+	tr.OnEndpointSlice(slices[0], proxytest.Slice("web", proxytest.Endpoint{IP: proxytest.PodA, Node: proxytest.NodeName}))
+	check("web shrinks")
+	// A second Service claims extip's externalIP and port: the first in
+	// name order keeps it; when it goes, the other takes over.
+	claim := proxytest.Service("aaa-extip", "10.96.0.30", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{proxytest.ExtIPv4} })
+	tr.OnService(nil, claim)
+	tr.OnEndpointSlice(nil, proxytest.Slice("aaa-extip", proxytest.Endpoint{IP: proxytest.PodC, Node: proxytest.NodeName}))
+	check("conflicting externalIP added")
+	tr.OnService(claim, nil)
+	check("conflicting externalIP removed")
+	// A Service goes, another loses its endpoints.
+	tr.OnService(find("np"), nil)
+	check("np removed")
+	tr.OnEndpointSlice(slices[4], nil)
+	check("lb without endpoints")
 }
