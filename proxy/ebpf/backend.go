@@ -43,6 +43,8 @@ type Backend struct {
 	objs  *sockObjects
 	links []link.Link
 	w     *writer
+	// failed: the last apply failed, the next one is full.
+	failed bool
 }
 
 // New checks that the kernel and the configured paths support the
@@ -114,10 +116,15 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		}
 		full = true
 	}
+	// After a failed apply the renderer has moved on while some frontends
+	// were not written: compare everything until an apply succeeds.
+	full = full || b.failed
 	want, dirty := b.r.Update(st)
 	if err := b.w.apply(want, dirty, full); err != nil {
+		b.failed = true
 		return fmt.Errorf("syncing ebpf maps: %w", err)
 	}
+	b.failed = false
 	return nil
 }
 
