@@ -109,9 +109,15 @@ func TestServices(t *testing.T) {
 		t.Fatalf("ClusterIP from a node: %v", err)
 	}
 	for _, n := range []string{"node1", "node3"} {
+		// Each node's proxy syncs on its own schedule: the ClusterIP above
+		// only proved node3's.
 		r, err := fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
-		if err != nil {
-			t.Fatalf("NodePort on %s from outside: %v", n, err)
+		for deadline := time.Now().Add(10 * time.Second); err != nil; {
+			if time.Now().After(deadline) {
+				t.Fatalf("NodePort on %s from outside: %v", n, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			r, err = fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
 		}
 		// SNAT picks the address of the way out: the underlay address towards
 		// a remote endpoint, the bridge's (the podCIDR's gateway) to a local one.
