@@ -133,8 +133,9 @@ func (s *UDPSink) Close() error { return s.conn.Close() }
 // not tell. The spoofer first sends one datagram of its own (its
 // neighbour lookup needs a source address of its own; IPv6 will not use
 // a forged one); a routed forged datagram may wait for the node's
-// neighbour entry (over IPv6 the first one was seen to take over 1 s), so forged ones keep coming for up to 4 s after the genuine ones
-// arrived (5 s in all).
+// neighbour entry (over IPv6 the first one was seen to take over 1 s), so
+// forged ones keep coming for up to 4 s after the genuine ones arrived (5 s
+// in all).
 func ForgedArrives(sink *UDPSink, spoofer, peer, to Target, port uint16, tag string) (bool, error) {
 	src, err := netip.ParseAddr(peer.IP)
 	if err != nil {
