@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -52,17 +53,15 @@ func setup(t *testing.T, c *proxy.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, err := os.MkdirTemp(cg2, fmt.Sprintf("weft-ebpf-test-%d-", os.Getpid()))
+	if err := sweepCgroups(cg2); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.MkdirTemp(cg2, fmt.Sprintf("%s%d-", cgroupPrefix, os.Getpid()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// Processes the test started (the CNI plugin's veth reaper
-		// outlives a DEL) leave with it.
-		if err := moveAll(cg, filepath.Join(cg2, self)); err != nil {
-			t.Errorf("leaving the test cgroup: %v", err)
-		}
-		if err := os.Remove(cg); err != nil {
+		if err := removeCgroup(cg, filepath.Join(cg2, self)); err != nil {
 			t.Errorf("removing the test cgroup: %v", err)
 		}
 	})
@@ -73,6 +72,57 @@ func setup(t *testing.T, c *proxy.Config) {
 	c.CgroupRoot, c.BPFPinPath = cg, filepath.Join(bpffs, "weft")
 	envs[t] = env{cgroup: cg, pin: c.BPFPinPath}
 	t.Cleanup(func() { delete(envs, t) })
+}
+
+// cgroupPrefix starts the name of every cgroup these tests create, followed
+// by the test process's pid.
+const cgroupPrefix = "weft-ebpf-test-"
+
+// removeCgroup moves every process of cg to parent and removes cg, which
+// detaches the programs attached to it. Processes the test started leave
+// with it (the CNI plugin's veth reaper outlives a DEL); one that was being
+// forked while they moved joins cg after the move, so a busy cgroup is
+// emptied again, a bounded number of times.
+func removeCgroup(cg, parent string) error {
+	var err error
+	for range 50 {
+		if err = moveAll(cg, parent); err != nil {
+			return fmt.Errorf("leaving %s: %w", cg, err)
+		}
+		if err = os.Remove(cg); err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return err
+}
+
+// sweepCgroups removes the empty cgroups that earlier runs of these tests
+// left under root when they were killed before their cleanup: those whose
+// creating process is gone. A cgroup with processes cannot be removed and
+// stays.
+func sweepCgroups(root string) error {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), cgroupPrefix)
+		if !e.IsDir() || !ok {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
+		if err != nil || unix.Kill(pid, 0) == nil {
+			continue // not ours, or its run is still going
+		}
+		if err := os.Remove(filepath.Join(root, e.Name())); err != nil && !errors.Is(err, unix.EBUSY) && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("removing a cgroup left by an earlier run: %w", err)
+		}
+	}
+	return nil
 }
 
 // mount mounts a file system of type fs on a new temporary directory.
