@@ -130,6 +130,9 @@ func (p *Proxier) OnSynced() { p.syncedOnce.Do(func() { close(p.synced) }) }
 // Run waits for OnSynced, then syncs until ctx ends. The first sync is a
 // full one, over the whole initial state.
 func (p *Proxier) Run(ctx context.Context) {
+	if p.opts.Health != nil {
+		defer p.opts.Health.Close() // the node ports are free again once Run returns
+	}
 	select {
 	case <-ctx.Done():
 		return
