@@ -21,6 +21,7 @@ import (
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/buildinfo"
 	"github.com/weftnet/weft/internal/cliflag"
+	"github.com/weftnet/weft/internal/flagfile"
 	"github.com/weftnet/weft/internal/httpserve"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
@@ -58,8 +59,15 @@ func main() {
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
 	flag.DurationVar(&px.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between proxy syncs")
+	config := flag.String("config", "", "a YAML file of flag names to values (e.g. the weft-agent ConfigMap); the command line wins over it")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if *config != "" {
+		if err := flagfile.Apply(flag.CommandLine, *config, "config"); err != nil {
+			log.Error("weft-agent failed", "err", err)
+			os.Exit(2)
+		}
+	}
 	if len(f.clusterCIDRs) == 0 {
 		_ = f.clusterCIDRs.Set("10.244.0.0/16")
 	}
