@@ -34,11 +34,13 @@ type flags struct {
 	ttl                                           uint
 	cacheSize                                     int
 	cacheMaxTTL, cacheMaxNeg                      time.Duration
+	inCluster                                     bool
 }
 
 func main() {
 	var f flags
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig: watch Services, EndpointSlices and Pods with informers")
+	flag.BoolVar(&f.inCluster, "in-cluster", false, "watch the cluster weft-dns runs in, with its pod's service account (the Deployment in deploy/)")
 	flag.StringVar(&f.manifests, "manifests", "", "directory of YAML/JSON Services, EndpointSlices and Pods, reloaded on change")
 	flag.StringVar(&f.zone, "zone", "cluster.local", "cluster domain")
 	flag.StringVar(&f.listen, "listen", ":53", "address to serve DNS on, UDP and TCP")
@@ -81,8 +83,8 @@ func upstreams(f flags) ([]string, error) {
 
 // run serves until ctx ends.
 func run(ctx context.Context, f flags, log *slog.Logger) error {
-	if (f.kubeconfig == "") == (f.manifests == "") {
-		return errors.New("give exactly one of --kubeconfig and --manifests")
+	if n := btoi(f.kubeconfig != "") + btoi(f.manifests != "") + btoi(f.inCluster); n != 1 {
+		return errors.New("give exactly one of --kubeconfig, --in-cluster and --manifests")
 	}
 	if f.podRecords != "disabled" && f.podRecords != "verified" {
 		return fmt.Errorf("--pod-records: %q is not disabled or verified", f.podRecords)
@@ -159,6 +161,13 @@ func run(ctx context.Context, f flags, log *slog.Logger) error {
 	case <-ctx.Done():
 		return nil
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // syncHook passes Service events to the index and reports the initial sync

@@ -33,8 +33,9 @@ func TestFlagErrors(t *testing.T) {
 		mod  func(*flags)
 		want string
 	}{
-		{"no source", func(f *flags) { f.manifests = "" }, "--kubeconfig and --manifests"},
-		{"two sources", func(f *flags) { f.kubeconfig = "x" }, "--kubeconfig and --manifests"},
+		{"no source", func(f *flags) { f.manifests = "" }, "--kubeconfig, --in-cluster and --manifests"},
+		{"two sources", func(f *flags) { f.kubeconfig = "x" }, "--kubeconfig, --in-cluster and --manifests"},
+		{"manifests and in-cluster", func(f *flags) { f.inCluster = true }, "--kubeconfig, --in-cluster and --manifests"},
 		{"pod records", func(f *flags) { f.podRecords = "insecure" }, "--pod-records"},
 		{"zone", func(f *flags) { f.zone = "bad..zone" }, "--zone"},
 		{"empty zone", func(f *flags) { f.zone = "." }, "--zone"},
