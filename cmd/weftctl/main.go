@@ -5,6 +5,7 @@
 //	weftctl lab exec [--dir DIR] NODE|POD -- CMD [ARGS...]
 //	weftctl lab down [--dir DIR]
 //	weftctl check [--dir DIR] [--keep]
+//	weftctl install-cni [--from DIR] [--to DIR] [--replace weft]
 package main
 
 import (
@@ -12,7 +13,7 @@ import (
 	"os"
 )
 
-const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check [--dir DIR] [--keep]
+const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ...
 
   lab up      [--nodes N] [--routing hostgw|vxlan] [--dir DIR] [--api-port PORT]
   lab down    [--dir DIR]
@@ -20,12 +21,15 @@ const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check [--dir
   lab exec    [--dir DIR] NODE|POD -- CMD [ARGS...]   run CMD in the network namespace of a
               node (or cp, ext) or of a pod (NAME or NAMESPACE/NAME)
   check       [--dir DIR] [--keep]   connectivity test on the lab
+  install-cni [--from DIR] [--to DIR] [--replace weft]   install the image's CNI plugins
+              on the node (the weft-agent DaemonSet's init container)
 `
 
 func main() {
-	if len(os.Args) >= 2 && os.Args[1] == "check" {
-		if err := runCheck(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "weftctl check:", err)
+	top := map[string]func([]string) error{"check": runCheck, "install-cni": installCNI}
+	if len(os.Args) >= 2 && top[os.Args[1]] != nil {
+		if err := top[os.Args[1]](os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weftctl "+os.Args[1]+":", err)
 			os.Exit(1)
 		}
 		return

@@ -1,0 +1,82 @@
+// Package cniinstall copies CNI plugin binaries into a node's CNI bin
+// directory, the job of the weft-agent DaemonSet's init container.
+//
+// Every file is written under a temporary name in the destination and
+// renamed over the old one: a runtime executing the plugin at that moment
+// runs either the old or the new binary, never a half-written one, and a
+// running plugin (weft's veth reaper lives up to 30 s after a DEL) does
+// not make the install fail with "text file busy".
+package cniinstall
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// Install copies every regular file of from into to. A file named in
+// replace is always installed; any other (e.g. the portmap plugin, which
+// the node's own packages may provide) only when to lacks it. It returns
+// the names it installed.
+func Install(from, to string, replace []string) ([]string, error) {
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		return nil, fmt.Errorf("reading the plugins to install: %w", err)
+	}
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		return nil, fmt.Errorf("CNI bin dir %s: %w", to, err)
+	}
+	var done []string
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		name := e.Name()
+		if !slices.Contains(replace, name) {
+			if _, err := os.Stat(filepath.Join(to, name)); err == nil {
+				continue
+			} else if !errors.Is(err, os.ErrNotExist) {
+				return done, fmt.Errorf("CNI bin dir %s: %w", to, err)
+			}
+		}
+		if err := copyFile(filepath.Join(from, name), to, name); err != nil {
+			return done, fmt.Errorf("installing %s into CNI bin dir %s: %w", name, to, err)
+		}
+		done = append(done, name)
+	}
+	return done, nil
+}
+
+func copyFile(src, dir, name string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(dir, "."+name+".installing-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = io.Copy(tmp, in); err != nil {
+		return err
+	}
+	if err = tmp.Chmod(0o755); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dir, name))
+}
