@@ -73,6 +73,11 @@ func applyManifests(ctx context.Context, c kubernetes.Interface, manifests []byt
 func applyOne(ctx context.Context, c kubernetes.Interface, obj runtime.Object) error {
 	var err error
 	switch o := obj.(type) {
+	case *corev1.Namespace:
+		_, err = c.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
 	case *corev1.ServiceAccount:
 		_, err = c.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {

@@ -117,9 +117,11 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err != nil {
 		return err
 	}
-	step("RBAC from deploy/rbac.yaml")
-	if err := applyManifests(waitCtx, client, deploy.RBAC); err != nil {
-		return err
+	step("namespace and RBAC from deploy/agent")
+	for _, m := range [][]byte{deploy.Namespace, deploy.RBAC} {
+		if err := applyManifests(waitCtx, client, m); err != nil {
+			return err
+		}
 	}
 	step("weft-agent and kubelet on %d nodes (routing %s), external workload", o.Nodes, o.Routing)
 	for _, p := range nodeDaemons(o, members) {

@@ -59,7 +59,7 @@ func main() {
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
 	flag.DurationVar(&px.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between proxy syncs")
-	config := flag.String("config", "", "a YAML file of flag names to values (e.g. the weft-agent ConfigMap); the command line wins over it")
+	config := flag.String("config", "", "a YAML file of flag names to values, or a directory of one file per flag (the weft-agent ConfigMap); the command line wins over it")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *config != "" {

@@ -5,7 +5,9 @@
 //
 // The file is a YAML (or JSON) mapping. A scalar value is the flag's text
 // (true, 30s, vxlan); a list is joined with commas, for the repeatable
-// address and CIDR flags. A flag given on the command line wins over the
+// address and CIDR flags. The path may also be a directory holding one file
+// per key, the way a ConfigMap's keys appear when it is mounted, so that
+// kustomize overlays can change single keys. A flag given on the command line wins over the
 // file. An unknown key, a nested mapping or a value the flag rejects is an
 // error naming the file and the key, on which the daemon refuses to start.
 package flagfile
@@ -14,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -24,11 +27,7 @@ import (
 // the command line. Keys in reserved (e.g. the flag naming the file
 // itself) are refused.
 func Apply(fs *flag.FlagSet, path string, reserved ...string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("config file: %w", err)
-	}
-	values, err := Parse(data)
+	values, err := read(path)
 	if err != nil {
 		return fmt.Errorf("config file %s: %w", path, err)
 	}
@@ -36,6 +35,38 @@ func Apply(fs *flag.FlagSet, path string, reserved ...string) error {
 		return fmt.Errorf("config file %s: %w", path, err)
 	}
 	return nil
+}
+
+func read(path string) (map[string]string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		return Parse(data)
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return nil, err
+	}
+	values := map[string]string{}
+	for _, e := range entries {
+		// A mounted ConfigMap also holds ..data and timestamped
+		// directories; its keys are the visible names.
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(path, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("key %q: %w", e.Name(), err)
+		}
+		values[e.Name()] = strings.TrimSpace(string(data))
+	}
+	return values, nil
 }
 
 // Parse turns a YAML or JSON mapping into flag texts by key.

@@ -67,6 +67,33 @@ func TestApply(t *testing.T) {
 	}
 }
 
+// TestApplyDir reads a mounted ConfigMap: one file per key, the runtime's
+// dot-named bookkeeping entries ignored.
+func TestApplyDir(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{"routing": "vxlan\n", "cluster-cidr": "10.244.0.0/16,fd00::/56", "..data": "x"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "..2026_11_23"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := newFlags(t)
+	if err := Apply(f.fs, dir, "config"); err != nil {
+		t.Fatal(err)
+	}
+	if f.routing != "vxlan" || f.cidrs.String() != "10.244.0.0/16,fd00::/56" {
+		t.Fatalf("routing %q cluster-cidr %q", f.routing, f.cidrs.String())
+	}
+	if err := os.WriteFile(filepath.Join(dir, "rouitng"), []byte("vxlan"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Apply(newFlags(t).fs, dir, "config"); err == nil || !strings.Contains(err.Error(), `key "rouitng": unknown`) {
+		t.Fatalf("error %v: want the unknown key named", err)
+	}
+}
+
 func TestApplyRejects(t *testing.T) {
 	for _, tc := range []struct{ name, body, want string }{
 		{"unknown key", "routing: vxlan\nroutnig: bgp\n", `key "routnig": unknown`},
