@@ -64,7 +64,7 @@ generate:
 bpf-check:
 	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
 	BPF_OUT=$$out $(GO) generate ./proxy/ebpf/ && \
-	for f in sock_bpfel.o sock_bpfel.go; do \
+	for f in sock_bpfel.o sock_bpfel.go nodeport_bpfel.o nodeport_bpfel.go; do \
 		cmp -s "$$out/$$f" proxy/ebpf/$$f || { echo "proxy/ebpf/$$f does not match its source: run make generate"; exit 1; }; \
 	done
 

@@ -29,6 +29,10 @@ type Config struct {
 	// (default: the cgroup v2 mount) and the bpffs directory of weft's
 	// pinned maps and links (default ebpf.DefaultPinPath).
 	CgroupRoot, BPFPinPath string
+	// eBPF mode: the uplinks the per-packet program runs on (default: the
+	// links holding NodePortIPs) and the links behind which the pods are
+	// (the CNI bridge), where replies are translated back.
+	BPFDevices, BPFPodDevices []string
 }
 
 // NodePortIPs are the node addresses NodePorts answer on.
@@ -111,5 +115,6 @@ func newEBPF(c Config) (*ebpf.Backend, error) {
 	if pin == "" {
 		pin = ebpf.DefaultPinPath
 	}
-	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin})
+	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin,
+		Devices: c.BPFDevices, PodDevices: c.BPFPodDevices})
 }

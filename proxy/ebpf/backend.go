@@ -33,16 +33,22 @@ var hooks = []hook{
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(p *sockPrograms) *ebpf.Program { return p.WeftGetpeername6 }},
 }
 
-// mapNames are the maps weft pins (the names in bpf/sock.c).
-var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity", "weft_affinity_members"}
+// mapNames are the maps weft pins (the names in bpf/*.c).
+var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity", "weft_affinity_members",
+	"weft_ct", "weft_nat_rev", "weft_src_ranges"}
 
 // Backend is the eBPF service proxy backend.
 type Backend struct {
 	cfg   Config
 	r     *Renderer
 	objs  *sockObjects
+	np    *nodeportObjects
 	links []link.Link
 	w     *writer
+	// uplinks run weft_nodeport (Config.Devices, or the links holding the
+	// NodePort addresses); tc holds what runs on each device.
+	uplinks []string
+	tc      map[string]tcAttached
 	// failed: the last apply failed, the next one is full.
 	failed bool
 }
@@ -54,7 +60,7 @@ func New(cfg Config) (*Backend, error) {
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
-	return &Backend{cfg: cfg, r: NewRenderer(cfg)}, nil
+	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[string]tcAttached{}}, nil
 }
 
 // Probe returns an error naming the first thing the backend needs that
@@ -78,6 +84,17 @@ func Probe(cfg Config) error {
 		{asm.FnSetRetval, "bpf_set_retval (Linux >= 5.18), to refuse connections to a Service without endpoints"},
 	} {
 		if err := features.HaveProgramHelper(ebpf.CGroupSockAddr, h.fn); err != nil {
+			return lacks(h.what, err)
+		}
+	}
+	for _, h := range []struct {
+		fn   asm.BuiltinFunc
+		what string
+	}{
+		{asm.FnFibLookup, "bpf_fib_lookup in tc programs (Linux >= 4.18)"},
+		{asm.FnRedirectNeigh, "bpf_redirect_neigh in tc programs (Linux >= 5.10)"},
+	} {
+		if err := features.HaveProgramHelper(ebpf.SchedCLS, h.fn); err != nil {
 			return lacks(h.what, err)
 		}
 	}
@@ -116,6 +133,9 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		}
 		full = true
 	}
+	if err := b.attachDevices(); err != nil {
+		return fmt.Errorf("attaching the per-packet programs: %w", err)
+	}
 	// After a failed apply the renderer has moved on while some frontends
 	// were not written: compare everything until an apply succeeds.
 	full = full || b.failed
@@ -140,17 +160,31 @@ func (b *Backend) start() error {
 	if err := os.MkdirAll(b.cfg.PinPath, 0o700); err != nil {
 		return err
 	}
+	uplinks := b.cfg.Devices
+	if len(uplinks) == 0 {
+		var err error
+		if uplinks, err = uplinksOf(b.cfg.NodePortIPs); err != nil {
+			return fmt.Errorf("finding the uplinks (--bpf-devices): %w", err)
+		}
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: b.cfg.PinPath}}
 	var objs sockObjects
-	if err := loadSockObjects(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: b.cfg.PinPath}}); err != nil {
+	if err := loadSockObjects(&objs, opts); err != nil {
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
-	w := newWriter(objs.WeftServices, objs.WeftBackends, objs.WeftAffinityMembers)
+	var np nodeportObjects
+	if err := loadNodeportObjects(&np, opts); err != nil {
+		_ = objs.Close()
+		return fmt.Errorf("loading the per-packet programs: %w", err)
+	}
+	w := newWriter(objs.WeftServices, objs.WeftBackends, objs.WeftAffinityMembers, np.WeftSrcRanges)
 	err := w.load()
 	if err == nil {
 		err = w.dropOrphans()
 	}
 	if err != nil {
 		_ = objs.Close()
+		_ = np.Close()
 		return err
 	}
 	var links []link.Link
@@ -161,11 +195,12 @@ func (b *Backend) start() error {
 				_ = l.Close()
 			}
 			_ = objs.Close()
+			_ = np.Close()
 			return fmt.Errorf("attaching %s to %s: %w", h.name, b.cfg.CgroupRoot, err)
 		}
 		links = append(links, l)
 	}
-	b.objs, b.links, b.w = &objs, links, w
+	b.objs, b.np, b.links, b.w, b.uplinks = &objs, &np, links, w, uplinks
 	return nil
 }
 
@@ -195,8 +230,9 @@ func (b *Backend) attach(h hook, prog *ebpf.Program) (link.Link, error) {
 	return l, nil
 }
 
-// Cleanup detaches weft's programs and removes its pinned links and maps:
-// what is pinned under the pin path by the names weft uses, nothing else.
+// Cleanup detaches weft's programs (cgroup links, tcx links, cls_bpf
+// filters) and removes its pinned links and maps: what is pinned under
+// the pin path by the names weft uses, nothing else.
 func (b *Backend) Cleanup() error {
 	var errs []error
 	for _, l := range b.links {
@@ -204,9 +240,13 @@ func (b *Backend) Cleanup() error {
 		_ = l.Close()
 	}
 	b.links = nil
+	if err := b.cleanupTC(); err != nil {
+		errs = append(errs, err)
+	}
 	if b.objs != nil {
 		_ = b.objs.Close()
-		b.objs, b.w = nil, nil
+		_ = b.np.Close()
+		b.objs, b.np, b.w = nil, nil, nil
 	}
 	for _, h := range hooks {
 		path := filepath.Join(b.cfg.PinPath, "link_"+h.name)

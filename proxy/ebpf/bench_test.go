@@ -34,9 +34,17 @@ func benchWriter(b *testing.B) *writer {
 	if err != nil {
 		b.Fatal(err)
 	}
+	np, err := loadNodeport()
+	if err != nil {
+		b.Fatal(err)
+	}
 	maps := map[string]*ebpf.Map{}
-	for _, name := range []string{"weft_services", "weft_backends", "weft_affinity_members"} {
-		ms := spec.Maps[name].Copy()
+	for _, name := range []string{"weft_services", "weft_backends", "weft_affinity_members", "weft_src_ranges"} {
+		ms, ok := spec.Maps[name]
+		if !ok {
+			ms = np.Maps[name]
+		}
+		ms = ms.Copy()
 		ms.Pinning = ebpf.PinNone
 		m, err := ebpf.NewMap(ms)
 		if err != nil {
@@ -45,7 +53,7 @@ func benchWriter(b *testing.B) *writer {
 		b.Cleanup(func() { m.Close() })
 		maps[name] = m
 	}
-	return newWriter(maps["weft_services"], maps["weft_backends"], maps["weft_affinity_members"])
+	return newWriter(maps["weft_services"], maps["weft_backends"], maps["weft_affinity_members"], maps["weft_src_ranges"])
 }
 
 // BenchmarkSync: programming n services x 10 endpoints into empty maps,

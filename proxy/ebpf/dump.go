@@ -31,7 +31,7 @@ func Dump(pinPath string, out io.Writer) error {
 		return err
 	}
 	defer backends.Close()
-	w := newWriter(services, backends, nil)
+	w := newWriter(services, backends, nil, nil)
 	if err := w.load(); err != nil {
 		return err
 	}
@@ -50,6 +50,11 @@ func Dump(pinPath string, out io.Writer) error {
 			verdict = "reject"
 		case f.flags&flagDrop != 0:
 			verdict = "drop"
+		case f.flags&flagSNAT != 0:
+			verdict = "forward+snat"
+		}
+		if f.flags&flagRanges != 0 {
+			verdict += "+ranges"
 		}
 		affinity := "-"
 		if f.affinity > 0 {

@@ -1,32 +1,42 @@
 package ebpf_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab/workload"
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/proxy/proxytest"
 )
 
-func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(outsideEnv) != "" {
+		os.Exit(outsideMain())
+	}
+	os.Exit(netnsutil.RunTests(m))
+}
 
 // backend is the eBPF backend as the shared scenario table runs it.
 var backend = proxytest.Backend{
 	Mode:  "ebpf",
 	Setup: setup,
 	Unsupported: map[proxytest.Feature]string{
-		proxytest.ExternalTraffic: "the per-packet (tc) path is not written yet; only sockets on the node are translated",
-		proxytest.UDPSocketMove:   "terminating connected UDP sockets of a removed backend is not written yet",
+		proxytest.UDPSocketMove: "terminating connected UDP sockets of a removed backend is not written yet",
 	},
+	Outside: outsideGet,
 }
 
 // TestScenarios runs the backend-neutral real-traffic scenario table.
@@ -68,10 +78,131 @@ func setup(t *testing.T, c *proxy.Config) {
 	if err := join(cg, os.Getpid()); err != nil {
 		t.Fatal(err)
 	}
+	// The outside host's clients run in a cgroup of their own, beside the
+	// node's: no program is attached there, as on a real outside host.
+	out, err := os.MkdirTemp(cg2, fmt.Sprintf("%s%d-outside-", cgroupPrefix, os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outsideCgroup = out
+	t.Cleanup(func() {
+		if outside != nil {
+			outside.stop()
+			outside = nil
+		}
+		if err := removeCgroup(out, filepath.Join(cg2, self)); err != nil {
+			t.Errorf("removing the outside cgroup: %v", err)
+		}
+	})
 	bpffs := mount(t, "bpf")
 	c.CgroupRoot, c.BPFPinPath = cg, filepath.Join(bpffs, "weft")
+	c.BPFPodDevices = []string{proxytest.Bridge}
 	envs[t] = env{cgroup: cg, pin: c.BPFPinPath}
 	t.Cleanup(func() { delete(envs, t) })
+}
+
+// outsideCgroup is the current test's cgroup for outside clients, and
+// outside the client process running there (started by the test's first
+// outside request, stopped by its cleanup).
+var (
+	outsideCgroup string
+	outside       *outsideClient
+)
+
+// outsideEnv makes the test binary an outside client: it reads requests
+// from its standard input and writes the answers to its standard output,
+// one JSON object a line.
+const outsideEnv = "WEFT_EBPF_TEST_OUTSIDE"
+
+type outsideRequest struct{ NS, Src, URL string }
+
+type outsideAnswer struct {
+	Reply workload.Reply
+	Err   string
+}
+
+// outsideClient is a child process born in the outside cgroup (the test
+// process's own sockets are translated by the socket programs, as a
+// node's are, and a process cannot take its threads elsewhere).
+type outsideClient struct {
+	cmd *exec.Cmd
+	in  *json.Encoder
+	out *json.Decoder
+}
+
+func startOutside() (*outsideClient, error) {
+	f, err := os.Open(outsideCgroup)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), outsideEnv+"=1")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the outside client: %w", err)
+	}
+	return &outsideClient{cmd: cmd, in: json.NewEncoder(in), out: json.NewDecoder(out)}, nil
+}
+
+// stop ends the client (its input closes) and waits for it.
+func (c *outsideClient) stop() {
+	if in, ok := c.cmd.Stdin.(io.Closer); ok {
+		_ = in.Close()
+	}
+	_ = c.cmd.Process.Kill()
+	_ = c.cmd.Wait()
+}
+
+// outsideGet is proxytest.Get run by the outside client.
+func outsideGet(ns, src, url string) (workload.Reply, error) {
+	if outside == nil {
+		c, err := startOutside()
+		if err != nil {
+			return workload.Reply{}, err
+		}
+		outside = c
+	}
+	var a outsideAnswer
+	if err := outside.in.Encode(outsideRequest{ns, src, url}); err != nil {
+		return a.Reply, fmt.Errorf("asking the outside client: %w", err)
+	}
+	if err := outside.out.Decode(&a); err != nil {
+		return a.Reply, fmt.Errorf("reading the outside client's answer: %w", err)
+	}
+	if a.Err != "" {
+		return a.Reply, errors.New(a.Err)
+	}
+	return a.Reply, nil
+}
+
+// outsideMain is the outside client's process.
+func outsideMain() int {
+	in, out := json.NewDecoder(os.Stdin), json.NewEncoder(os.Stdout)
+	for {
+		var req outsideRequest
+		if err := in.Decode(&req); err != nil {
+			return 0
+		}
+		var a outsideAnswer
+		r, err := proxytest.Get(req.NS, req.Src, req.URL)
+		a.Reply = r
+		if err != nil {
+			a.Err = err.Error()
+		}
+		if err := out.Encode(a); err != nil {
+			return 1
+		}
+	}
 }
 
 // cgroupPrefix starts the name of every cgroup these tests create, followed

@@ -17,10 +17,18 @@ import (
 // in bpf/sock.c); a frontend has at most slotHalf-1 backends.
 const slotHalf = 32768
 
-// Master entry flags (SVC_* in bpf/sock.c).
+// Master entry flags (SVC_* in bpf/lb.h).
 const (
 	flagReject = 1
 	flagDrop   = 2
+	flagSNAT   = 4
+	flagRanges = 8
+)
+
+// Frontend scopes (SCOPE_* in bpf/lb.h).
+const (
+	scopeSocket   = 0
+	scopeExternal = 1
 )
 
 // frontendState is what the maps hold for one frontend.
@@ -31,6 +39,7 @@ type frontendState struct {
 	affinity uint32
 	backends []uint32  // the active list
 	used     [2]uint16 // the highest slot written in each half
+	ranges   []netip.Prefix
 }
 
 // writer keeps the services and backends maps equal to the desired
@@ -39,6 +48,7 @@ type frontendState struct {
 type writer struct {
 	services, backends *ebpf.Map
 	members            *ebpf.Map // affinity members
+	ranges             *ebpf.Map // source ranges of external frontends
 	fronts             map[FrontendKey]*frontendState
 	backendID          map[netip.AddrPort]uint32
 	backendAddr        map[uint32]netip.AddrPort
@@ -61,8 +71,8 @@ type Stats struct {
 	UnchangedSkipped int
 }
 
-func newWriter(services, backends, members *ebpf.Map) *writer {
-	return &writer{services: services, backends: backends, members: members, fronts: map[FrontendKey]*frontendState{},
+func newWriter(services, backends, members, ranges *ebpf.Map) *writer {
+	return &writer{services: services, backends: backends, members: members, ranges: ranges, fronts: map[FrontendKey]*frontendState{},
 		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{},
 		refs: map[uint32]int{}, unused: map[uint32]bool{}}
 }
@@ -85,7 +95,7 @@ func (w *writer) load() error {
 	slots := map[FrontendKey]map[uint16]uint32{}
 	it = w.services.Iterate()
 	for it.Next(&sk, &sv) {
-		fk := FrontendKey{Addr: fromWords(sk.Addr), Port: ntohs(sk.Port), Protocol: protocolOf(sk.Proto)}
+		fk := FrontendKey{Addr: fromWords(sk.Addr), Port: ntohs(sk.Port), Protocol: protocolOf(sk.Proto), External: sk.Scope == scopeExternal}
 		if sk.Slot == 0 {
 			w.fronts[fk] = &frontendState{id: sv.SvcId, half: sv.Half, flags: sv.Flags, affinity: sv.AffinityTimeout,
 				backends: make([]uint32, sv.Count)}
@@ -111,6 +121,9 @@ func (w *writer) load() error {
 	}
 	for _, f := range w.fronts {
 		w.ref(nil, f.backends)
+	}
+	if err := w.loadRanges(); err != nil {
+		return err
 	}
 	for id := range w.backendAddr {
 		if w.refs[id] == 0 {
@@ -179,7 +192,11 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 }
 
 func (k FrontendKey) String() string {
-	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Protocol)
+	s := fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Protocol)
+	if k.External {
+		s += " external"
+	}
+	return s
 }
 
 func compareKeys(a, b FrontendKey) int {
@@ -208,12 +225,19 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 	case Drop:
 		flags = flagDrop
 	}
+	if f.Masquerade {
+		flags |= flagSNAT
+	}
+	if len(f.SourceRanges) > 0 {
+		flags |= flagRanges
+	}
 	cur := w.fronts[k]
-	if cur != nil && !full && cur.flags == flags && cur.affinity == uint32(f.AffinitySeconds) && equalIDs(cur.backends, ids) {
+	if cur != nil && !full && cur.flags == flags && cur.affinity == uint32(f.AffinitySeconds) && equalIDs(cur.backends, ids) &&
+		slices.Equal(cur.ranges, f.SourceRanges) {
 		w.Stats.UnchangedSkipped++
 		return nil
 	}
-	next := &frontendState{flags: flags, affinity: uint32(f.AffinitySeconds), backends: ids}
+	next := &frontendState{flags: flags, affinity: uint32(f.AffinitySeconds), backends: ids, ranges: f.SourceRanges}
 	if cur != nil {
 		next.id, next.half, next.used = cur.id, 1-cur.half, cur.used
 	} else {
@@ -241,6 +265,9 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 			return err
 		}
 	}
+	if err := w.setRanges(next.id, next.ranges); err != nil {
+		return err
+	}
 	m := sockSvcValue{Count: uint16(len(ids)), Half: next.half, Flags: flags, SvcId: next.id, AffinityTimeout: next.affinity}
 	if err := w.services.Update(svcKey(k, 0), m, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("writing the master entry: %w", err)
@@ -252,6 +279,11 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 		old = cur.backends
 	}
 	w.ref(old, ids)
+	if cur != nil {
+		if err := w.dropRanges(cur.id, cur.ranges, next.ranges); err != nil {
+			return err
+		}
+	}
 	if cur != nil && cur.affinity > 0 {
 		keep := ids
 		if next.affinity == 0 {
@@ -318,6 +350,9 @@ func (w *writer) remove(k FrontendKey, f *frontendState) error {
 		if err := w.deleteSlots(k, h*slotHalf, 1, f.used[h]); err != nil {
 			return err
 		}
+	}
+	if err := w.dropRanges(f.id, f.ranges, nil); err != nil {
+		return err
 	}
 	if f.affinity > 0 {
 		return w.dropMembers(f.id, f.backends, nil)
@@ -390,7 +425,83 @@ func equalIDs(a, b []uint32) bool {
 }
 
 func svcKey(k FrontendKey, slot uint16) sockSvcKey {
-	return sockSvcKey{Addr: toWords(k.Addr), Port: htons(k.Port), Proto: protocolNumber(k.Protocol), Slot: slot}
+	scope := uint8(scopeSocket)
+	if k.External {
+		scope = scopeExternal
+	}
+	return sockSvcKey{Addr: toWords(k.Addr), Port: htons(k.Port), Proto: protocolNumber(k.Protocol), Scope: scope, Slot: slot}
+}
+
+// rangeKey is the source-range trie's key of prefix p of frontend svc:
+// the frontend id, then the address, IPv4 as ::ffff:a.b.c.d.
+func rangeKey(svc uint32, p netip.Prefix) nodeportSrcRangeKey {
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	return nodeportSrcRangeKey{Prefixlen: uint32(32 + bits), SvcId: htonl(svc), Addr: toWords(p.Addr())}
+}
+
+// setRanges writes the source ranges of frontend svc.
+func (w *writer) setRanges(svc uint32, ranges []netip.Prefix) error {
+	for _, p := range ranges {
+		if err := w.ranges.Update(rangeKey(svc, p), uint8(1), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("writing source range %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// dropRanges deletes the source ranges of frontend svc in old that keep
+// lacks.
+func (w *writer) dropRanges(svc uint32, old, keep []netip.Prefix) error {
+	for _, p := range old {
+		if slices.Contains(keep, p) {
+			continue
+		}
+		if err := w.ranges.Delete(rangeKey(svc, p)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting source range %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// loadRanges reads the source ranges back into the frontends they belong
+// to; those of no frontend (a removal interrupted) are deleted.
+func (w *writer) loadRanges() error {
+	if w.ranges == nil {
+		return nil
+	}
+	byID := map[uint32]*frontendState{}
+	for _, f := range w.fronts {
+		byID[f.id] = f
+	}
+	var k nodeportSrcRangeKey
+	var v uint8
+	var stale []nodeportSrcRangeKey
+	it := w.ranges.Iterate()
+	for it.Next(&k, &v) {
+		f := byID[ntohl(k.SvcId)]
+		if f == nil {
+			stale = append(stale, k)
+			continue
+		}
+		bits := int(k.Prefixlen) - 32
+		a := fromWords(k.Addr)
+		if a.Is4() {
+			bits -= 96
+		}
+		f.ranges = append(f.ranges, netip.PrefixFrom(a, bits))
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading the source ranges map: %w", err)
+	}
+	for _, k := range stale {
+		if err := w.ranges.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting an orphan source range: %w", err)
+		}
+	}
+	return nil
 }
 
 // toWords lays an address out as bpf/sock.c reads it: 16 bytes in network
@@ -416,6 +527,10 @@ func fromWords(w [4]uint32) netip.Addr {
 func htons(p uint16) uint16 { return binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, p)) }
 
 func ntohs(p uint16) uint16 { return binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, p)) }
+
+func htonl(v uint32) uint32 { return binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, v)) }
+
+func ntohl(v uint32) uint32 { return binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, v)) }
 
 func protocolNumber(p model.Protocol) uint8 {
 	if p == model.UDP {

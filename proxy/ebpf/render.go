@@ -17,6 +17,18 @@ type Config struct {
 	CgroupRoot string
 	// PinPath is the bpffs directory holding weft's pinned maps and links.
 	PinPath string
+	// Devices are the uplinks the per-packet program runs on (traffic from
+	// outside the node to NodePorts, externalIPs and LoadBalancer IPs, and
+	// replies from backends on other nodes); empty: the links holding
+	// NodePortIPs.
+	Devices []string
+	// PodDevices are the links behind which the node's pods are (the CNI
+	// bridge): the reply program runs there. A missing one is attached at
+	// a later sync, once it exists.
+	PodDevices []string
+	// TCLegacy attaches the per-packet programs as cls_bpf filters on a
+	// clsact qdisc even where the kernel has tcx.
+	TCLegacy bool
 }
 
 // Verdict is what a frontend does with a new connection.
@@ -34,6 +46,9 @@ type FrontendKey struct {
 	Addr     netip.Addr // IPv4 unmapped
 	Port     uint16
 	Protocol model.Protocol
+	// External frontends serve packets from outside the node (the
+	// per-packet programs); the others serve the node's own sockets.
+	External bool
 }
 
 // Frontend is one frontend's desired state.
@@ -42,16 +57,26 @@ type Frontend struct {
 	Verdict         Verdict
 	Backends        []netip.AddrPort // in the model's order
 	AffinitySeconds int
+	// Masquerade (external frontends, eTP Cluster): the backend sees the
+	// node's address as the client.
+	Masquerade bool
+	// SourceRanges (external LoadBalancer IPs): only clients in them are
+	// served, others are dropped; empty: every client.
+	SourceRanges []netip.Prefix
 }
 
-// Render returns the frontends of st that the socket-level hooks serve:
+// Render returns the frontends of st. Those the socket-level hooks serve:
 // every ClusterIP (internal endpoints), and the NodePorts on cfg's node
 // addresses, externalIPs and LoadBalancer IPs as reached from the node
 // itself, which kube-proxy sends to the cluster-wide endpoints whatever
-// the external traffic policy. LoadBalancer IPs with sourceRanges are left
-// out (the source is not known at connect time; the per-packet path will
-// filter them). A frontend claimed by two service ports goes to the first
-// in name order. SCTP is not served. Render is pure.
+// the external traffic policy; LoadBalancer IPs with sourceRanges are left
+// out there (the source is not known at connect time). The external ones,
+// which the per-packet programs serve for traffic from outside the node:
+// the same NodePorts, externalIPs and LoadBalancer IPs with the external
+// endpoints (eTP Local: this node's only, and the client's address kept;
+// eTP Cluster: masqueraded), LoadBalancer IPs with their sourceRanges.
+// A frontend claimed by two service ports goes to the first in name order.
+// SCTP is not served. Render is pure.
 func Render(cfg Config, st model.State) map[FrontendKey]Frontend {
 	names := make([]model.ServicePortName, 0, len(st.Ports))
 	for n := range st.Ports {
@@ -80,12 +105,15 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 	if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
 		return out
 	}
-	add := func(addr netip.Addr, port uint16, eps []model.Endpoint, sel model.Selected) {
-		k := FrontendKey{Addr: addr.Unmap(), Port: port, Protocol: sp.Protocol}
+	add := func(addr netip.Addr, port uint16, eps []model.Endpoint, sel model.Selected, ext *Frontend) {
+		k := FrontendKey{Addr: addr.Unmap(), Port: port, Protocol: sp.Protocol, External: ext != nil}
 		if _, taken := out[k]; taken {
 			return
 		}
 		f := Frontend{Service: sp.Name, AffinitySeconds: sp.AffinitySeconds}
+		if ext != nil {
+			f.Masquerade, f.SourceRanges = ext.Masquerade, ext.SourceRanges
+		}
 		for _, e := range eps {
 			f.Backends = append(f.Backends, netip.AddrPortFrom(e.IP.Unmap(), e.Port))
 		}
@@ -109,7 +137,7 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 		sel := model.Select(sp, eps, cfg.NodeName, cfg.Zone)
 		for _, ip := range sp.ClusterIPs {
 			if is4(ip) {
-				add(ip, sp.Port, sel.Internal, sel)
+				add(ip, sp.Port, sel.Internal, sel, nil)
 			}
 		}
 		if !sp.HasExternal() {
@@ -118,23 +146,28 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 		cluster := *sp
 		cluster.ExternalPolicyLocal = false
 		csel := model.Select(&cluster, eps, cfg.NodeName, cfg.Zone)
+		ext := &Frontend{Masquerade: !sp.ExternalPolicyLocal}
+		lb := &Frontend{Masquerade: ext.Masquerade, SourceRanges: sp.SourceRanges}
 		if sp.NodePort != 0 {
 			for _, ip := range cfg.NodePortIPs {
 				if is4(ip) {
-					add(ip, sp.NodePort, csel.External, csel)
+					add(ip, sp.NodePort, csel.External, csel, nil)
+					add(ip, sp.NodePort, sel.External, sel, ext)
 				}
 			}
 		}
 		for _, ip := range sp.ExternalIPs {
 			if is4(ip) {
-				add(ip, sp.Port, csel.External, csel)
+				add(ip, sp.Port, csel.External, csel, nil)
+				add(ip, sp.Port, sel.External, sel, ext)
 			}
 		}
-		if len(sp.SourceRanges) == 0 {
-			for _, ip := range sp.LoadBalancerIPs {
-				if is4(ip) {
-					add(ip, sp.Port, csel.External, csel)
+		for _, ip := range sp.LoadBalancerIPs {
+			if is4(ip) {
+				if len(sp.SourceRanges) == 0 {
+					add(ip, sp.Port, csel.External, csel, nil)
 				}
+				add(ip, sp.Port, sel.External, sel, lb)
 			}
 		}
 	}

@@ -61,7 +61,7 @@ type sockSvcKey struct {
 	Addr  [4]uint32
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 	Slot  uint16
 	Pad2  uint16
 }

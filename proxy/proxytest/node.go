@@ -30,6 +30,7 @@ type Node struct {
 	Backend proxy.Backend
 	Svcs    []*corev1.Service
 	Slices  []*discoveryv1.EndpointSlice
+	outside func(ns, src, url string) (workload.Reply, error)
 }
 
 // Pod is one pod of the node, running the lab's workload (HTTP on 80, TCP
@@ -47,7 +48,7 @@ func NewNode(t *testing.T, b Backend, podNames ...string) *Node {
 	if testing.Short() || !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root (private network namespace), not -short")
 	}
-	n := &Node{t: t, Pods: map[string]Pod{}, Config: proxy.Config{Mode: b.Mode, NodeName: NodeName,
+	n := &Node{t: t, Pods: map[string]Pod{}, outside: b.Outside, Config: proxy.Config{Mode: b.Mode, NodeName: NodeName,
 		NodeIPs:      []netip.Addr{netip.MustParseAddr(NodeIP), netip.MustParseAddr(NodeIP6)},
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(Cluster), netip.MustParsePrefix(Cluster6)}}}
 	if b.Setup != nil {
@@ -59,13 +60,13 @@ func NewNode(t *testing.T, b Backend, podNames ...string) *Node {
 	}
 	n.Ext = outside(t)
 	rt := cnitest.NewRuntime(bin, filepath.Join(t.TempDir(), "cache"))
-	list, err := cnitest.Conflist("1.1.0", "pods", map[string]any{"type": "weft", "bridge": "wproxy0", "mtu": 1500,
+	list, err := cnitest.Conflist("1.1.0", "pods", map[string]any{"type": "weft", "bridge": Bridge, "mtu": 1500,
 		"ipam": map[string]any{"ranges": [][]map[string]string{{{"subnet": PodCIDR}}, {{"subnet": PodCIDR6}}}, "dataDir": t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if l, err := netlink.LinkByName("wproxy0"); err == nil {
+		if l, err := netlink.LinkByName(Bridge); err == nil {
 			_ = netlink.LinkDel(l)
 		}
 	})
@@ -158,6 +159,14 @@ func (n *Node) Sync() {
 	if err := n.Backend.Sync(st, false); err != nil {
 		n.t.Fatal(err)
 	}
+}
+
+// GetOutside is Get from the outside host.
+func (n *Node) GetOutside(src, url string) (workload.Reply, error) {
+	if n.outside != nil {
+		return n.outside(n.Ext, src, url)
+	}
+	return Get(n.Ext, src, url)
 }
 
 // Local is a ready endpoint for the named pod on this node.

@@ -28,6 +28,9 @@ const (
 	// Pods a, b, c of the shared scenario, as the node's IPAM hands them out.
 	PodA, PodB, PodC = "10.244.1.2", "10.244.1.3", "10.244.1.4"
 	ExtIPv4          = "198.51.100.5" // the externalIP of service extip
+	// Bridge is the node's pod bridge (the CNI plugin's), Uplink the
+	// node's link to the outside host.
+	Bridge, Uplink = "wproxy0", "uplink0"
 )
 
 // Scenario is one set of Services and EndpointSlices covering every proxy

@@ -85,7 +85,7 @@ func services(t *testing.T, b Backend) {
 	t.Run("NodePort from outside is masqueraded", func(t *testing.T) {
 		b.Need(t, ExternalTraffic)
 		for i := 0; i < 5; i++ {
-			r, err := Get(n.Ext, "", "http://"+NodeIP+":30080/")
+			r, err := n.GetOutside("", "http://"+NodeIP+":30080/")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,7 +100,7 @@ func services(t *testing.T, b Backend) {
 	t.Run("externalTrafficPolicy Local keeps the client address and the local endpoint", func(t *testing.T) {
 		b.Need(t, ExternalTraffic)
 		for i := 0; i < 8; i++ {
-			r, err := Get(n.Ext, "", "http://"+NodeIP+":30081/")
+			r, err := n.GetOutside("", "http://"+NodeIP+":30081/")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,18 +111,18 @@ func services(t *testing.T, b Backend) {
 	})
 	t.Run("externalTrafficPolicy Local without a local endpoint drops", func(t *testing.T) {
 		b.Need(t, ExternalTraffic)
-		_, err := Get(n.Ext, "", "http://"+NodeIP+":30082/")
+		_, err := n.GetOutside("", "http://"+NodeIP+":30082/")
 		if err == nil || strings.Contains(err.Error(), "refused") {
 			t.Fatalf("got %v, want a timeout (dropped)", err)
 		}
 	})
 	t.Run("LoadBalancer IP allowed and blocked by sourceRanges", func(t *testing.T) {
 		b.Need(t, ExternalTraffic)
-		r, err := Get(n.Ext, ExtIP, "http://"+LBIP+"/")
+		r, err := n.GetOutside(ExtIP, "http://"+LBIP+"/")
 		if err != nil || r.Pod != "b" {
 			t.Fatalf("from %s: %+v %v, want b", ExtIP, r, err)
 		}
-		if r, err := Get(n.Ext, ExtIP2, "http://"+LBIP+"/"); err == nil {
+		if r, err := n.GetOutside(ExtIP2, "http://"+LBIP+"/"); err == nil {
 			t.Fatalf("from %s (outside sourceRanges) answered by %s", ExtIP2, r.Pod)
 		}
 	})
@@ -253,7 +253,7 @@ func dualStack(t *testing.T, b Backend) {
 	})
 	t.Run("IPv6 NodePort from outside is masqueraded", func(t *testing.T) {
 		b.Need(t, ExternalTraffic)
-		r, err := Get(n.Ext, "", "http://["+NodeIP6+"]:30090/")
+		r, err := n.GetOutside("", "http://["+NodeIP6+"]:30090/")
 		if err != nil || r.Pod != "b" || r.Client == ExtIP6 {
 			t.Fatalf("%+v %v, want b seeing a node address", r, err)
 		}

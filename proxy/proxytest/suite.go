@@ -3,6 +3,7 @@ package proxytest
 import (
 	"testing"
 
+	"github.com/weftnet/weft/lab/workload"
 	"github.com/weftnet/weft/proxy"
 )
 
@@ -34,6 +35,11 @@ type Backend struct {
 	// Unsupported are the features the backend lacks, each with the reason;
 	// the scenarios needing one skip, saying so.
 	Unsupported map[Feature]string
+	// Outside, when not nil, fetches url from the outside host's namespace
+	// ns as Get does, for a backend under which the test process's own
+	// sockets are not outside sockets (the eBPF backend translates every
+	// socket of the test's cgroup: it runs the client elsewhere).
+	Outside func(ns, src, url string) (workload.Reply, error)
 }
 
 // Need skips the calling scenario when b does not support f, naming the

@@ -7,16 +7,7 @@
 // the Service address where the application can see it (recvmsg for UDP
 // replies, getpeername).
 //
-// Maps (written by proxy/ebpf; every address is 16 bytes, IPv4 as
-// ::ffff:a.b.c.d, so one map serves both families and IPv4-mapped
-// destinations of IPv6 sockets):
-//   services: (address, port, protocol, slot) -> entry. Slot 0 is the
-//     frontend's master entry: its backend count, the half of the slot
-//     space holding its active list, flags and its id. The active list is
-//     slots half*HALF+1 .. half*HALF+count. An update writes the other
-//     half, then the master entry with the new count and half, so a
-//     reader sees the old list or the new one, never a mix.
-//   backends: backend id -> address and port.
+// Maps (services and backends: see lb.h):
 //   revnat: (socket cookie, backend address, port) -> Service address and
 //     port, for recvmsg and getpeername.
 //   affinity: (network namespace cookie, frontend id) -> backend id and
@@ -25,44 +16,10 @@
 //     frontends with affinity: a remembered backend that left the
 //     frontend's list is not used, even while other frontends keep it.
 
-#include <linux/bpf.h>
-#include <linux/in.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
+#include "lb.h"
 
 #define ECONNREFUSED 111
 #define ETIMEDOUT 110
-
-// The slot space of a frontend is two halves of SLOT_HALF slots.
-#define SLOT_HALF 32768
-
-// Master entry flags.
-#define SVC_REJECT 1 // no endpoint anywhere: connection refused
-#define SVC_DROP 2   // endpoints, none usable from this node: dropped
-
-struct svc_key {
-	__u32 addr[4];
-	__u16 port; // network byte order
-	__u8 proto;
-	__u8 pad;
-	__u16 slot;
-	__u16 pad2;
-};
-
-struct svc_value {
-	__u32 backend_id; // slots: the backend
-	__u16 count;      // master: active backends
-	__u8 half;        // master: 0 or 1, which half holds the active list
-	__u8 flags;       // master: SVC_*
-	__u32 svc_id;     // master: the frontend's id
-	__u32 affinity_timeout; // master: seconds, 0 without affinity
-};
-
-struct backend {
-	__u32 addr[4];
-	__u16 port; // network byte order
-	__u16 pad;
-};
 
 struct revnat_key {
 	__u64 cookie;
@@ -94,24 +51,6 @@ struct affinity_member {
 	__u32 svc_id;
 	__u32 backend_id;
 };
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct svc_key);
-	__type(value, struct svc_value);
-	__uint(max_entries, 1 << 19);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weft_services SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32);
-	__type(value, struct backend);
-	__uint(max_entries, 1 << 18);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weft_backends SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -191,7 +130,7 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 		n = (__u32)bpf_get_socket_cookie(ctx);
 	else
 		n = bpf_get_prandom_u32();
-	key->slot = (__u16)(m->half ? SLOT_HALF : 0) + (__u16)(n % m->count) + 1;
+	key->slot = slot_of(m, n);
 	struct svc_value *slot = bpf_map_lookup_elem(&weft_services, key);
 	if (!slot)
 		return 0;

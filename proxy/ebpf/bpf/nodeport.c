@@ -1,0 +1,411 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//
+// weft's per-packet service path: tc ingress programs for traffic that no
+// socket of the node starts. weft_nodeport runs on the node's uplinks: a
+// TCP or UDP packet to an external frontend (scope 1 of the services map:
+// NodePorts on node addresses, externalIPs, LoadBalancer IPs) gets its
+// destination translated to a backend, and, for eTP Cluster (SVC_SNAT),
+// its source to the node's address on the way to that backend, as the
+// kernel's routing picks it. weft_reply runs on the devices behind which
+// the node's pods are (the CNI bridge): it, and weft_nodeport for backends
+// on other nodes, translate the replies back. Translated packets leave
+// through bpf_redirect_neigh to the device the routing table names, so the
+// stack never sees a forwarded packet with a local source.
+//
+// State (LRU, pinned: flows survive a restart of the proxy):
+//   ct: the client's tuple (client -> frontend) -> backend, the address
+//     and port the backend sees as the client, and the backend's id (a
+//     flow whose backend left the backends map is balanced again).
+//   nat_rev: the reply's tuple (backend -> what the backend saw) -> client
+//     and frontend.
+//   src_ranges: (frontend id, source prefix), an LPM trie, for frontends
+//     with loadBalancerSourceRanges (SVC_RANGES).
+// Not handled here (passed to the stack untouched): fragments, IPv6
+// extension headers, protocols other than TCP and UDP.
+
+#include "lb.h"
+#include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+
+// The ports a SNATed flow may get when the client's own port is taken.
+#define SNAT_PORT_MIN 32768
+#define SNAT_PORT_SPAN 28232
+#define SNAT_TRIES 16
+
+// Results of the steps below besides tc verdicts.
+#define NOT_MINE -1 // not a packet of a frontend or flow of weft's
+#define BALANCED -2 // a backend is chosen and recorded
+
+struct tuple {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport; // network byte order
+	__u16 dport; // network byte order
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct ct_value {
+	__u32 baddr[4]; // the backend
+	__u32 naddr[4]; // the source the backend sees
+	__u16 bport;
+	__u16 nport;
+	__u32 backend_id;
+};
+
+struct nat_rev_value {
+	__u32 caddr[4]; // the client
+	__u32 faddr[4]; // the frontend
+	__u16 cport;
+	__u16 fport;
+	__u32 pad;
+};
+
+struct src_range_key {
+	__u32 prefixlen; // bits of svc_id and addr that count
+	__u32 svc_id;    // network byte order, so that it is the prefix's head
+	__u32 addr[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tuple);
+	__type(value, struct ct_value);
+	__uint(max_entries, 1 << 18);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weft_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tuple);
+	__type(value, struct nat_rev_value);
+	__uint(max_entries, 1 << 18);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weft_nat_rev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, 1 << 16);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weft_src_ranges SEC(".maps");
+
+// pkt is a parsed TCP or UDP packet.
+struct pkt {
+	struct tuple t;
+	__u32 l3off, l4off;
+	__u8 v6;
+};
+
+static __always_inline void copy_addr(__u32 dst[4], const __u32 src[4])
+{
+	dst[0] = src[0];
+	dst[1] = src[1];
+	dst[2] = src[2];
+	dst[3] = src[3];
+}
+
+static __always_inline int same_addr(const __u32 a[4], const __u32 b[4])
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+// parse fills p for an unfragmented TCP or UDP packet over Ethernet; it
+// returns 0 for those, -1 for anything else.
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	__u16 eth_proto;
+	__u8 nexthdr;
+
+	if (bpf_skb_load_bytes(skb, 12, &eth_proto, 2) < 0)
+		return -1;
+	p->l3off = ETH_HLEN;
+	if (eth_proto == bpf_htons(ETH_P_IP)) {
+		__u8 vihl;
+		__u16 frag;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &vihl, 1) < 0 ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 6, &frag, 2) < 0 ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 9, &nexthdr, 1) < 0)
+			return -1;
+		if ((vihl >> 4) != 4 || (vihl & 0xf) < 5 || (frag & bpf_htons(0x3fff)))
+			return -1;
+		p->v6 = 0;
+		p->t.saddr[0] = p->t.saddr[1] = p->t.daddr[0] = p->t.daddr[1] = 0;
+		p->t.saddr[2] = p->t.daddr[2] = bpf_htonl(0xffff);
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 12, &p->t.saddr[3], 4) < 0 ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 16, &p->t.daddr[3], 4) < 0)
+			return -1;
+		p->l4off = ETH_HLEN + (vihl & 0xf) * 4;
+	} else if (eth_proto == bpf_htons(ETH_P_IPV6)) {
+		__u8 vtc;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &vtc, 1) < 0 ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 6, &nexthdr, 1) < 0)
+			return -1;
+		if ((vtc >> 4) != 6)
+			return -1;
+		p->v6 = 1;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 8, p->t.saddr, 16) < 0 ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 24, p->t.daddr, 16) < 0)
+			return -1;
+		p->l4off = ETH_HLEN + 40;
+	} else {
+		return -1;
+	}
+	if (nexthdr != IPPROTO_TCP && nexthdr != IPPROTO_UDP)
+		return -1;
+	p->t.proto = nexthdr;
+	if (bpf_skb_load_bytes(skb, p->l4off, &p->t.sport, 2) < 0 ||
+	    bpf_skb_load_bytes(skb, p->l4off + 2, &p->t.dport, 2) < 0)
+		return -1;
+	return 0;
+}
+
+static __always_inline __u32 l4_csum_off(const struct pkt *p)
+{
+	return p->l4off + (p->t.proto == IPPROTO_TCP ? 16 : 6);
+}
+
+static __always_inline __u64 l4_flags(const struct pkt *p)
+{
+	// A UDP checksum of 0 over IPv4 means none: it stays 0.
+	return (p->t.proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0) | (p->v6 ? BPF_F_IPV6 : 0);
+}
+
+// set_addr replaces the source (dst 0) or destination address of p with
+// to, fixing the IPv4 header's and the TCP/UDP pseudo-header's checksums.
+static __always_inline int set_addr(struct __sk_buff *skb, struct pkt *p, int dst, __u32 to[4])
+{
+	__u32 *from = dst ? p->t.daddr : p->t.saddr;
+	__s64 diff;
+	int err;
+
+	if (same_addr(from, to))
+		return 0;
+	if (p->v6) {
+		diff = bpf_csum_diff(from, 16, to, 16, 0);
+		if (diff < 0)
+			return -1;
+		err = bpf_l4_csum_replace(skb, l4_csum_off(p), 0, diff, BPF_F_PSEUDO_HDR | l4_flags(p));
+		if (!err)
+			err = bpf_skb_store_bytes(skb, p->l3off + (dst ? 24 : 8), to, 16, 0);
+	} else {
+		__u32 off = p->l3off + (dst ? 16 : 12);
+		err = bpf_l3_csum_replace(skb, p->l3off + 10, from[3], to[3], 4);
+		if (!err)
+			err = bpf_l4_csum_replace(skb, l4_csum_off(p), from[3], to[3], BPF_F_PSEUDO_HDR | 4 | l4_flags(p));
+		if (!err)
+			err = bpf_skb_store_bytes(skb, off, &to[3], 4, 0);
+	}
+	if (err)
+		return -1;
+	copy_addr(from, to);
+	return 0;
+}
+
+// set_port replaces the source (dst 0) or destination port of p.
+static __always_inline int set_port(struct __sk_buff *skb, struct pkt *p, int dst, __u16 to)
+{
+	__u16 *from = dst ? &p->t.dport : &p->t.sport;
+
+	if (*from == to)
+		return 0;
+	if (bpf_l4_csum_replace(skb, l4_csum_off(p), *from, to, 2 | l4_flags(p)) ||
+	    bpf_skb_store_bytes(skb, p->l4off + (dst ? 2 : 0), &to, 2, 0))
+		return -1;
+	*from = to;
+	return 0;
+}
+
+// route finds the device toward dst (and, with src, the address the node
+// sends from there); it returns the ifindex, or 0 without a route.
+static __always_inline __u32 route(struct __sk_buff *skb, const struct pkt *p, const __u32 dst[4], __u32 src[4])
+{
+	struct bpf_fib_lookup fib = {};
+	__u32 flags = BPF_FIB_LOOKUP_SKIP_NEIGH;
+
+	fib.l4_protocol = p->t.proto;
+	fib.ifindex = skb->ifindex;
+	if (p->v6) {
+		fib.family = AF_INET6;
+		copy_addr(fib.ipv6_dst, dst);
+	} else {
+		fib.family = AF_INET;
+		fib.ipv4_dst = dst[3];
+	}
+	if (src)
+		flags |= BPF_FIB_LOOKUP_SRC;
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), flags) != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	if (src) {
+		if (p->v6) {
+			copy_addr(src, fib.ipv6_src);
+		} else {
+			src[0] = src[1] = 0;
+			src[2] = bpf_htonl(0xffff);
+			src[3] = fib.ipv4_src;
+		}
+	}
+	return fib.ifindex;
+}
+
+// translate rewrites p's addresses and ports and sends it toward its new
+// destination.
+static __always_inline int translate(struct __sk_buff *skb, struct pkt *p, __u32 saddr[4], __u16 sport,
+				     __u32 daddr[4], __u16 dport)
+{
+	__u32 ifindex = route(skb, p, daddr, 0);
+
+	if (!ifindex)
+		return TC_ACT_SHOT;
+	if (set_addr(skb, p, 0, saddr) || set_addr(skb, p, 1, daddr) || set_port(skb, p, 0, sport) ||
+	    set_port(skb, p, 1, dport))
+		return TC_ACT_SHOT;
+	return bpf_redirect_neigh(ifindex, 0, 0, 0);
+}
+
+// reply translates a reply of a translated flow back (backend -> client
+// becomes frontend -> client); it returns NOT_MINE for other packets.
+static __always_inline int reply(struct __sk_buff *skb, struct pkt *p)
+{
+	struct nat_rev_value *rv = bpf_map_lookup_elem(&weft_nat_rev, &p->t);
+	struct nat_rev_value v;
+
+	if (!rv)
+		return NOT_MINE;
+	v = *rv;
+	return translate(skb, p, v.faddr, v.fport, v.caddr, v.cport);
+}
+
+// in_ranges reports whether the source of p is in a source range of
+// frontend svc_id.
+static __always_inline int in_ranges(const struct pkt *p, __u32 svc_id)
+{
+	struct src_range_key k = {.prefixlen = 32 + 128, .svc_id = bpf_htonl(svc_id)};
+
+	copy_addr(k.addr, p->t.saddr);
+	return bpf_map_lookup_elem(&weft_src_ranges, &k) != 0;
+}
+
+// balance starts a flow to an external frontend: it picks a backend and
+// the source the backend sees, and records both directions. It returns
+// BALANCED, NOT_MINE when p is not for an external frontend, or a tc
+// verdict.
+static __always_inline int balance(struct __sk_buff *skb, struct pkt *p, struct ct_value *ct)
+{
+	struct svc_key key = {.port = p->t.dport, .proto = p->t.proto, .scope = SCOPE_EXTERNAL};
+	struct svc_value *m, *slot;
+	struct backend *be;
+	__u32 n;
+
+	copy_addr(key.addr, p->t.daddr);
+	m = bpf_map_lookup_elem(&weft_services, &key);
+	if (!m)
+		return NOT_MINE;
+	if (m->flags & SVC_RANGES && !in_ranges(p, m->svc_id))
+		return TC_ACT_SHOT;
+	if (m->count == 0)
+		// No endpoint anywhere: the stack answers as for a port nobody
+		// listens on (a reset, or ICMP port unreachable). Endpoints but
+		// none here (eTP Local): dropped.
+		return m->flags & SVC_REJECT ? TC_ACT_OK : TC_ACT_SHOT;
+	if (m->affinity_timeout)
+		// One client, one backend while the list stands.
+		n = p->t.saddr[0] ^ p->t.saddr[1] ^ p->t.saddr[2] ^ p->t.saddr[3];
+	else
+		n = bpf_get_prandom_u32();
+	key.slot = slot_of(m, n);
+	slot = bpf_map_lookup_elem(&weft_services, &key);
+	if (!slot)
+		return TC_ACT_SHOT;
+	ct->backend_id = slot->backend_id;
+	be = bpf_map_lookup_elem(&weft_backends, &ct->backend_id);
+	if (!be)
+		return TC_ACT_SHOT;
+	copy_addr(ct->baddr, be->addr);
+	ct->bport = be->port;
+	copy_addr(ct->naddr, p->t.saddr);
+	ct->nport = p->t.sport;
+	if (m->flags & SVC_SNAT && !route(skb, p, ct->baddr, ct->naddr))
+		return TC_ACT_SHOT;
+
+	struct tuple rk = {.proto = p->t.proto, .sport = ct->bport, .dport = ct->nport};
+	struct nat_rev_value rv = {.cport = p->t.sport, .fport = p->t.dport};
+	copy_addr(rk.saddr, ct->baddr);
+	copy_addr(rk.daddr, ct->naddr);
+	copy_addr(rv.caddr, p->t.saddr);
+	copy_addr(rv.faddr, p->t.daddr);
+	if (m->flags & SVC_SNAT) {
+		// The client's port if no other flow of the backend has it
+		// from the node's address, else a free one.
+		int i;
+		for (i = 0; i < SNAT_TRIES; i++) {
+			if (!bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_NOEXIST))
+				break;
+			rk.dport = bpf_htons(SNAT_PORT_MIN + bpf_get_prandom_u32() % SNAT_PORT_SPAN);
+		}
+		if (i == SNAT_TRIES)
+			return TC_ACT_SHOT;
+		ct->nport = rk.dport;
+	} else if (bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY)) {
+		return TC_ACT_SHOT;
+	}
+	if (bpf_map_update_elem(&weft_ct, &p->t, ct, BPF_ANY))
+		return TC_ACT_SHOT;
+	return BALANCED;
+}
+
+// forward translates a packet of a client of an external frontend; it
+// returns NOT_MINE for other packets.
+static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
+{
+	struct ct_value *cur = bpf_map_lookup_elem(&weft_ct, &p->t);
+	struct ct_value ct = {};
+	int verdict;
+
+	if (cur) {
+		struct backend *be = bpf_map_lookup_elem(&weft_backends, &cur->backend_id);
+		ct = *cur;
+		if (!be || be->port != ct.bport || !same_addr(be->addr, ct.baddr))
+			// The backend is gone: balance the flow again.
+			cur = 0;
+	}
+	if (!cur) {
+		verdict = balance(skb, p, &ct);
+		if (verdict != BALANCED)
+			return verdict;
+	}
+	return translate(skb, p, ct.naddr, ct.nport, ct.baddr, ct.bport);
+}
+
+SEC("tc")
+int weft_nodeport(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int verdict;
+
+	if (parse(skb, &p))
+		return TC_ACT_OK;
+	verdict = reply(skb, &p);
+	if (verdict == NOT_MINE)
+		verdict = forward(skb, &p);
+	return verdict == NOT_MINE ? TC_ACT_OK : verdict;
+}
+
+SEC("tc")
+int weft_reply(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int verdict;
+
+	if (parse(skb, &p))
+		return TC_ACT_OK;
+	verdict = reply(skb, &p);
+	return verdict == NOT_MINE ? TC_ACT_OK : verdict;
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";
