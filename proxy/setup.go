@@ -9,11 +9,12 @@ import (
 	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/healthcheck"
 	"github.com/weftnet/weft/proxy/iptables"
+	"github.com/weftnet/weft/proxy/nftables"
 )
 
 // Config is the proxy configuration shared by weft-proxy and weft-agent.
 type Config struct {
-	Mode              string // "iptables"
+	Mode              string // "iptables" (default), "nftables" or "ebpf"
 	NodeName, Zone    string
 	NodeIPs           []netip.Addr
 	NodePortAddresses []netip.Prefix // empty: every node IP
@@ -86,6 +87,15 @@ func Build(c Config) (*Proxier, Backend, error) {
 			NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), ClusterCIDRs: c.ClusterCIDRs,
 			MasqueradeAll: c.MasqueradeAll, MasqueradeBit: c.MasqueradeBit,
 		}, c.Families(), iptables.Exec{Variant: c.IPTablesVariant})
+	case "nftables":
+		nb, err := nftables.New(nftables.Config{
+			NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), ClusterCIDRs: c.ClusterCIDRs,
+			MasqueradeAll: c.MasqueradeAll, MasqueradeBit: c.MasqueradeBit, Families: c.Families(),
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		b = nb
 	case "ebpf":
 		eb, err := newEBPF(c)
 		if err != nil {
@@ -93,7 +103,7 @@ func Build(c Config) (*Proxier, Backend, error) {
 		}
 		b = eb
 	default:
-		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables, ebpf)", c.Mode)
+		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables, nftables, ebpf)", c.Mode)
 	}
 	o := Options{NodeName: c.NodeName, Zone: c.Zone, MinSyncPeriod: c.MinSyncPeriod, SyncPeriod: c.SyncPeriod,
 		Log: c.Log, FlushUDP: flushUDP}

@@ -1,0 +1,75 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// Backend is the nftables service proxy backend: it renders the model
+// incrementally and applies each sync in one nft transaction.
+type Backend struct {
+	renderer *Renderer
+	applier  *Applier
+	// LastStats are the stats of the last sync.
+	LastStats Stats
+}
+
+// New returns a backend on the system's nft, after checking that nft and
+// the kernel can load weft's ruleset; the error names what is missing.
+func New(cfg Config) (*Backend, error) {
+	nft, err := knftables.New(knftables.InetFamily, TableName)
+	if err != nil {
+		return nil, fmt.Errorf("nftables mode needs the nft tool, version 1.0.1 or later: %w", err)
+	}
+	if err := Check(context.Background(), nft, cfg); err != nil {
+		return nil, err
+	}
+	return NewWith(cfg, nft), nil
+}
+
+// NewWith returns a backend on nft (a knftables.Fake in tests).
+func NewWith(cfg Config, nft knftables.Interface) *Backend {
+	return &Backend{renderer: NewRenderer(cfg), applier: &Applier{NFT: nft}}
+}
+
+// Check asks the kernel, without changing anything, whether it accepts
+// weft's table.
+func Check(ctx context.Context, nft knftables.Interface, cfg Config) error {
+	tx := nft.NewTransaction()
+	a := &Applier{NFT: nft}
+	if err := a.full(ctx, tx, Render(cfg, model.State{}), &Stats{}, true); err != nil {
+		return err
+	}
+	if err := nft.Check(ctx, tx); err != nil {
+		return fmt.Errorf("nftables mode: the kernel refused table inet %s (it needs nf_tables with inet nat, fib, numgen, "+
+			"concatenated and dynamic sets; Linux 5.13 or later): %w", TableName, err)
+	}
+	return nil
+}
+
+// Sync renders and applies st.
+func (b *Backend) Sync(st model.State, full bool) error {
+	s, err := b.applier.Apply(context.Background(), b.renderer.Update(st), full)
+	b.LastStats = s
+	if err != nil {
+		return fmt.Errorf("syncing nftables: %w", err)
+	}
+	return nil
+}
+
+// Cleanup deletes the table, and with it everything the backend installed;
+// no other table is touched.
+func (b *Backend) Cleanup() error {
+	tx := b.applier.NFT.NewTransaction()
+	tx.Add(&knftables.Table{}) // so that deleting a missing table succeeds
+	tx.Delete(&knftables.Table{})
+	b.applier.applied = nil
+	if err := b.applier.NFT.Run(context.Background(), tx); err != nil {
+		return fmt.Errorf("deleting table inet %s: %w", TableName, err)
+	}
+	return nil
+}

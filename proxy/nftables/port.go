@@ -1,0 +1,196 @@
+package nftables
+
+import (
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// frontend is one way into a service port: an address (a ClusterIP, an
+// externalIP, a LoadBalancer IP or a node address for a NodePort), a
+// protocol and a port.
+type frontend struct {
+	ip    netip.Addr
+	proto model.Protocol
+	port  uint16
+}
+
+func (f frontend) family() int { return familyOf(f.ip) }
+
+func (f frontend) key() []string {
+	return []string{f.ip.String(), proto(f.proto), strconv.Itoa(int(f.port))}
+}
+
+// elem is one element of a set or map: the set's name, the key's parts and,
+// for a map, the value's parts.
+type elem struct {
+	set        string
+	key, value []string
+}
+
+func (e elem) keyString() string { return strings.Join(e.key, " . ") }
+
+// frontendOut is what one service port wants for one of its frontends.
+type frontendOut struct {
+	elems []elem
+	// backends are the addresses (ip . port) the frontend's lists DNAT to:
+	// the affinity entries still valid for it.
+	backends map[string]bool
+	affinity bool
+}
+
+// portOut is what one service port renders: its frontends (in order) and
+// the hairpin elements of its local endpoints.
+type portOut struct {
+	name    model.ServicePortName
+	sp      *model.ServicePort
+	eps     []model.Endpoint
+	order   []frontend
+	fes     map[frontend]*frontendOut
+	hairpin []elem
+}
+
+// renderPort renders one service port for every configured family.
+func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) *portOut {
+	o := &portOut{name: sp.Name, sp: sp, eps: all, fes: map[frontend]*frontendOut{}}
+	seenHairpin := map[string]bool{}
+	for _, fam := range cfg.families() {
+		o.renderFamily(cfg, fam, all, seenHairpin)
+	}
+	return o
+}
+
+// frontend returns the output of fe, or nil when the port already rendered
+// it (an address listed twice, e.g. as externalIP and LoadBalancer IP: the
+// first use wins).
+func (o *portOut) frontend(fe frontend) *frontendOut {
+	if _, dup := o.fes[fe]; dup {
+		return nil
+	}
+	w := &frontendOut{backends: map[string]bool{}}
+	o.fes[fe] = w
+	o.order = append(o.order, fe)
+	return w
+}
+
+func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHairpin map[string]bool) {
+	sp := o.sp
+	var eps []model.Endpoint
+	for _, e := range all {
+		if familyOf(e.IP) == fam {
+			eps = append(eps, e)
+		}
+	}
+	sel := model.Select(sp, eps, cfg.NodeName, cfg.Zone)
+	list := func(w *frontendOut, fe frontend, cluster bool, l []model.Endpoint) {
+		for i, e := range l {
+			key := append(fe.key(), strconv.Itoa(i))
+			val := []string{e.IP.String(), strconv.Itoa(int(e.Port))}
+			w.elems = append(w.elems, elem{set: lbMap(cluster, fam, len(l)), key: key, value: val})
+			w.backends[strings.Join(val, " . ")] = true
+			if e.NodeName == "" || e.NodeName == cfg.NodeName {
+				k := e.IP.String()
+				if !seenHairpin[k] {
+					seenHairpin[k] = true
+					o.hairpin = append(o.hairpin, elem{set: name("hairpin", fam), key: []string{k, k}})
+				}
+			}
+		}
+	}
+	common := func(w *frontendOut, fe frontend, served []model.Endpoint) {
+		switch {
+		case len(served) > 0:
+			list(w, fe, false, served)
+		case sel.HasAny: // endpoints exist, none usable from this node (Local policy)
+			w.elems = append(w.elems, elem{set: name("drop", fam), key: fe.key()})
+		default:
+			w.elems = append(w.elems, elem{set: name("reject", fam), key: fe.key()})
+		}
+		if sp.AffinitySeconds > 0 {
+			w.affinity = true
+			w.elems = append(w.elems, elem{set: affinitySet(fam, sp.AffinitySeconds), key: fe.key()})
+		}
+	}
+	served := false
+	for _, ip := range sp.ClusterIPs {
+		if familyOf(ip) != fam {
+			continue
+		}
+		served = true
+		fe := frontend{ip, sp.Protocol, sp.Port}
+		if w := o.frontend(fe); w != nil {
+			w.elems = append(w.elems, elem{set: name("clusterip", fam), key: fe.key()})
+			common(w, fe, sel.Internal)
+		}
+	}
+	if !served || !sp.HasExternal() {
+		return
+	}
+	var cluster []model.Endpoint // externalTrafficPolicy Local: what pods and the node use
+	if sp.ExternalPolicyLocal {
+		cl := *sp
+		cl.InternalPolicyLocal, cl.ExternalPolicyLocal = false, false
+		cluster = model.Select(&cl, eps, cfg.NodeName, cfg.Zone).Internal
+	}
+	restricted := false // kube-proxy semantics: a family without ranges is open
+	for _, src := range sp.SourceRanges {
+		restricted = restricted || familyOf(src.Addr()) == fam
+	}
+	for _, x := range o.externalFrontends(cfg, fam) {
+		w := o.frontend(x.fe)
+		if w == nil {
+			continue
+		}
+		key := x.fe.key()
+		if sp.ExternalPolicyLocal {
+			w.elems = append(w.elems, elem{set: name("external-local", fam), key: key})
+			if len(cluster) > 0 {
+				list(w, x.fe, true, cluster)
+			}
+		} else {
+			w.elems = append(w.elems, elem{set: name("external", fam), key: key})
+		}
+		if x.lb && restricted {
+			w.elems = append(w.elems, elem{set: name("firewall", fam), key: key})
+			for _, src := range sp.SourceRanges {
+				if familyOf(src.Addr()) == fam {
+					w.elems = append(w.elems, elem{set: name("firewall-allow", fam), key: append(x.fe.key(), src.String())})
+				}
+			}
+		}
+		common(w, x.fe, sel.External)
+	}
+}
+
+// external is one external frontend of a port.
+type external struct {
+	fe frontend
+	lb bool // a LoadBalancer IP (sourceRanges apply)
+}
+
+// externalFrontends are the port's externalIPs, LoadBalancer IPs and
+// NodePort on each node address, of one family.
+func (o *portOut) externalFrontends(cfg Config, fam int) []external {
+	sp := o.sp
+	var out []external
+	for _, ip := range sp.ExternalIPs {
+		if familyOf(ip) == fam {
+			out = append(out, external{fe: frontend{ip, sp.Protocol, sp.Port}})
+		}
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		if familyOf(ip) == fam {
+			out = append(out, external{fe: frontend{ip, sp.Protocol, sp.Port}, lb: true})
+		}
+	}
+	if sp.NodePort != 0 {
+		for _, ip := range cfg.NodePortIPs {
+			if familyOf(ip) == fam {
+				out = append(out, external{fe: frontend{ip, sp.Protocol, sp.NodePort}})
+			}
+		}
+	}
+	return out
+}

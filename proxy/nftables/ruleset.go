@@ -1,0 +1,314 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// TableName is the table weft's proxy owns, in the inet family.
+const TableName = "weft"
+
+// presetCounts: the load-balancing maps and rules for 1 to presetCounts
+// endpoints always exist, so that endpoints coming and going in Services of
+// that size never add or delete a rule.
+const presetCounts = 16
+
+// DefaultAffinitySeconds' set and rules always exist; other affinity
+// timeouts get theirs while a Service uses them.
+const defaultAffinitySeconds = model.DefaultAffinitySeconds
+
+// affinityEntries bounds the affinity map of one family (clients times
+// frontends remembered at once).
+const affinityEntries = 1 << 20
+
+// Config is what the renderer needs besides the model.
+type Config struct {
+	NodeName, Zone string
+	// NodePortIPs are the node addresses NodePorts answer on.
+	NodePortIPs []netip.Addr
+	// ClusterCIDRs: traffic to a ClusterIP from outside them is masqueraded.
+	ClusterCIDRs  []netip.Prefix
+	MasqueradeAll bool
+	MasqueradeBit int // mark bit for masquerade (default 14: 0x4000)
+	// Families are the IP families programmed (4 and/or 6; default 4).
+	Families []int
+}
+
+func (c Config) families() []int {
+	if len(c.Families) == 0 {
+		return []int{4}
+	}
+	return c.Families
+}
+
+func (c Config) masqMark() uint32 {
+	bit := c.MasqueradeBit
+	if bit == 0 {
+		bit = 14
+	}
+	return 1 << bit
+}
+
+func (c Config) cidrs(fam int) []string {
+	var out []string
+	for _, p := range c.ClusterCIDRs {
+		if familyOf(p.Addr()) == fam {
+			out = append(out, p.String())
+		}
+	}
+	return out
+}
+
+func familyOf(a netip.Addr) int {
+	if a.Is4() {
+		return 4
+	}
+	return 6
+}
+
+func proto(p model.Protocol) string { return strings.ToLower(string(p)) }
+
+// name is the name of a per-family set, map or chain.
+func name(base string, fam int) string { return base + strconv.Itoa(fam) }
+
+// lbMap is the load-balancing map of frontends with n endpoints (cluster:
+// the cluster-wide lists of externalTrafficPolicy Local frontends).
+func lbMap(cluster bool, fam, n int) string {
+	base := "lb"
+	if cluster {
+		base = "lb-cluster"
+	}
+	return fmt.Sprintf("%s-%d", name(base, fam), n)
+}
+
+// affinitySet holds the IPv4 frontends with ClientIP affinity of that
+// timeout, or all IPv6 frontends with affinity (see hashedAffinity).
+func affinitySet(fam, seconds int) string {
+	if hashedAffinity(fam) {
+		return name("affinity", fam)
+	}
+	return fmt.Sprintf("%s-%d", name("affinity", fam), seconds)
+}
+
+// hashedAffinity: IPv6 ClientIP affinity picks the endpoint by a hash of
+// the client address instead of from a dynamic map with a timeout. nft
+// 1.0.6 (Debian 12) aborts generating a dynamic-map update whose key or
+// value concatenates an IPv6 address with anything (netlink_linearize.c:
+// "dreg < ctx->reg_low"), and the affinity map needs both. An IPv6 client
+// keeps its endpoint while the endpoint list is unchanged; there is no
+// timeout.
+func hashedAffinity(fam int) bool { return fam == 6 }
+
+// Chain is one chain of the table: a base chain when Hook is set.
+type Chain struct {
+	Name     string
+	Type     knftables.BaseChainType
+	Hook     knftables.BaseChainHook
+	Priority knftables.BaseChainPriority
+	Rules    []string
+}
+
+// Set is a set (Value empty) or a data map of the table.
+type Set struct {
+	Name    string
+	Key     string // typeof of the key
+	Value   string // typeof of the value, maps only
+	Flags   []knftables.SetFlag
+	Size    uint64
+	Dynamic bool // written by the packet path; its elements are not weft's to rewrite
+}
+
+func (s Set) object() knftables.Object {
+	var size *uint64
+	if s.Size != 0 {
+		size = &s.Size
+	}
+	if s.Value == "" {
+		return &knftables.Set{Name: s.Name, TypeOf: s.Key, Flags: s.Flags, Size: size}
+	}
+	return &knftables.Map{Name: s.Name, TypeOf: s.Key + " : " + s.Value, Flags: s.Flags, Size: size}
+}
+
+func (s Set) signature() string { return fmt.Sprintf("%+v", s) }
+
+// Element is one desired element of a set or map.
+type Element struct {
+	Key, Value []string
+}
+
+// Change is one element to delete (Old set), add (New set) or rewrite.
+type Change struct {
+	Set      string
+	Key      []string
+	Old, New []string // values; nil for set elements
+	Had, Has bool
+}
+
+// Ruleset is the desired content of the table.
+type Ruleset struct {
+	Chains []*Chain // in a stable order
+	Sets   []Set    // in a stable order
+	// Elements are every set's desired elements by set and key string. It
+	// belongs to the Renderer and is valid until it renders again.
+	Elements map[string]map[string]Element
+	// Changes are the element changes since the Renderer's previous
+	// ruleset (every element, for the first).
+	Changes []Change
+	// AffinityStale is set when a frontend lost a backend or its affinity
+	// since the previous ruleset: affinity entries may point where they
+	// must no longer go.
+	AffinityStale bool
+	// affinityValid tells whether an affinity entry (map, key, value) may
+	// stay.
+	affinityValid func(set string, key, value []string) bool
+}
+
+// AffinityValid reports whether the affinity entry of map set, key
+// (client . frontend) and value (backend) may stay.
+func (rs *Ruleset) AffinityValid(set string, key, value []string) bool {
+	return rs.affinityValid(set, key, value)
+}
+
+// familyWords are a family's nft words.
+type familyWords struct {
+	ip, nfproto string
+}
+
+func words(fam int) familyWords {
+	if fam == 6 {
+		return familyWords{"ip6", "ipv6"}
+	}
+	return familyWords{"ip", "ipv4"}
+}
+
+const l4 = "meta l4proto { tcp, udp, sctp }"
+
+// sets are the table's sets and maps for the given endpoint counts and
+// affinity timeouts in use (beyond the preset ones).
+func sets(cfg Config, counts map[int][]int, timeouts map[int][]int) []Set {
+	var out []Set
+	for _, fam := range cfg.families() {
+		w := words(fam)
+		fe := w.ip + " daddr . meta l4proto . th dport"
+		dest := w.ip + " daddr . th dport"
+		for _, base := range []string{"clusterip", "external", "external-local", "firewall", "reject", "drop"} {
+			out = append(out, Set{Name: name(base, fam), Key: fe})
+		}
+		out = append(out,
+			Set{Name: name("firewall-allow", fam), Key: fe + " . " + w.ip + " saddr", Flags: []knftables.SetFlag{knftables.IntervalFlag}},
+			Set{Name: name("hairpin", fam), Key: w.ip + " saddr . " + w.ip + " daddr"})
+		if hashedAffinity(fam) {
+			out = append(out, Set{Name: name("affinity", fam), Key: fe})
+		} else {
+			out = append(out, Set{Name: name("affinity", fam), Key: w.ip + " saddr . " + fe, Value: dest, Size: affinityEntries,
+				Dynamic: true, Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}})
+		}
+		for _, t := range timeouts[fam] {
+			out = append(out, Set{Name: affinitySet(fam, t), Key: fe})
+		}
+		for _, n := range counts[fam] {
+			for _, cluster := range []bool{false, true} {
+				out = append(out, Set{Name: lbMap(cluster, fam, n), Key: fe + " . numgen random mod " + strconv.Itoa(n), Value: dest})
+			}
+		}
+	}
+	return out
+}
+
+// chains are the table's chains for the given counts and timeouts.
+func chains(cfg Config, counts map[int][]int, timeouts map[int][]int) []*Chain {
+	mark := fmt.Sprintf("meta mark set meta mark | %#x", cfg.masqMark())
+	base := func(n string, t knftables.BaseChainType, h knftables.BaseChainHook, p knftables.BaseChainPriority, rules ...string) *Chain {
+		return &Chain{Name: n, Type: t, Hook: h, Priority: p, Rules: rules}
+	}
+	out := []*Chain{
+		base("nat-prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, "jump services"),
+		base("nat-output", knftables.NATType, knftables.OutputHook, "-100", "jump services"),
+		base("nat-postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, "jump masquerading"),
+		base("filter-input", knftables.FilterType, knftables.InputHook, knftables.FilterPriority, "ct state new jump reject-services"),
+		base("filter-forward", knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority,
+			"ct state invalid drop", "ct state new jump reject-services"),
+		base("filter-output", knftables.FilterType, knftables.OutputHook, knftables.FilterPriority, "ct state new jump reject-services"),
+	}
+	services := &Chain{Name: "services"}
+	masq := &Chain{Name: "masquerading"}
+	reject := &Chain{Name: "reject-services"}
+	var lbs []*Chain
+	for _, fam := range cfg.families() {
+		w := words(fam)
+		fe := w.ip + " daddr . meta l4proto . th dport"
+		on := func(set string) string { return fmt.Sprintf("%s %s @%s", l4, fe, name(set, fam)) }
+		cidrs := cfg.cidrs(fam)
+		services.Rules = append(services.Rules,
+			fmt.Sprintf("%s %s . %s saddr != @%s drop", on("firewall"), fe, w.ip, name("firewall-allow", fam)))
+		switch {
+		case cfg.MasqueradeAll:
+			services.Rules = append(services.Rules, on("clusterip")+" "+mark)
+		case len(cidrs) == 1:
+			services.Rules = append(services.Rules, fmt.Sprintf("%s %s saddr != %s %s", on("clusterip"), w.ip, cidrs[0], mark))
+		}
+		services.Rules = append(services.Rules,
+			on("external")+" "+mark,
+			on("external-local")+" fib saddr type local "+mark)
+		if !hashedAffinity(fam) {
+			services.Rules = append(services.Rules, fmt.Sprintf("%s dnat %s to %s saddr . %s map @%s", l4, w.ip, w.ip, fe, name("affinity", fam)))
+		}
+		if len(cidrs) > 0 {
+			services.Rules = append(services.Rules,
+				fmt.Sprintf("%s %s saddr { %s } goto %s", on("external-local"), w.ip, strings.Join(cidrs, ", "), name("lb-cluster", fam)))
+		}
+		services.Rules = append(services.Rules,
+			fmt.Sprintf("%s fib saddr type local goto %s", on("external-local"), name("lb-cluster", fam)),
+			fmt.Sprintf("meta nfproto %s goto %s", w.nfproto, name("lb", fam)))
+		for _, cluster := range []bool{false, true} {
+			c := &Chain{Name: name("lb", fam)}
+			if cluster {
+				c.Name = name("lb-cluster", fam)
+			}
+			for _, n := range counts[fam] {
+				if hashedAffinity(fam) {
+					c.Rules = append(c.Rules, fmt.Sprintf("%s dnat %s to %s . jhash %s saddr mod %d map @%s",
+						on("affinity"), w.ip, fe, w.ip, n, lbMap(cluster, fam, n)))
+				}
+				c.Rules = append(c.Rules, fmt.Sprintf("%s dnat %s to %s . numgen random mod %d map @%s", l4, w.ip, fe, n, lbMap(cluster, fam, n)))
+			}
+			lbs = append(lbs, c)
+		}
+		for _, t := range timeouts[fam] {
+			for _, p := range []string{"tcp", "udp", "sctp"} {
+				orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", w.ip)
+				masq.Rules = append(masq.Rules, fmt.Sprintf(
+					"ct status dnat meta l4proto %s %s @%s update @%s { %s saddr . %s timeout %ds : %s daddr . th dport }",
+					p, orig, affinitySet(fam, t), name("affinity", fam), w.ip, orig, t, w.ip))
+			}
+		}
+		masq.Rules = append(masq.Rules, fmt.Sprintf("ct status dnat %s saddr . %s daddr @%s %s", w.ip, w.ip, name("hairpin", fam), mark))
+		reject.Rules = append(reject.Rules, on("reject")+" reject", on("drop")+" drop")
+	}
+	m := cfg.masqMark()
+	masq.Rules = append(masq.Rules,
+		fmt.Sprintf("meta mark & %#x == 0 return", m),
+		fmt.Sprintf("meta mark set meta mark ^ %#x", m),
+		"masquerade fully-random")
+	out = append(out, services, masq, reject)
+	return append(out, lbs...)
+}
+
+// sortedInts returns the keys of m, with want added, sorted.
+func sortedInts(m map[int]int, want ...int) []int {
+	out := slices.Clone(want)
+	for k, n := range m {
+		if n > 0 && !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
