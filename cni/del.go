@@ -16,13 +16,13 @@ import (
 // Del removes one attachment. It is idempotent and succeeds when the pod
 // namespace, the veth or the allocation is already gone.
 //
-// DEL first disarms the veth pair: the host side goes down, which cuts the
-// pod off (veth drops what the pod sends, the bridge forwards nothing to a
-// disabled port). It then starts a reaper that deletes the pair (reap.go),
-// releases the addresses while the reaper starts, and returns once the pod
-// side has left the pod namespace, so that the namespace can take another
-// attachment with the same CNI_IFNAME. The kernel's slow part of deleting
-// the pair (15-30 ms of RCU waits) happens in the reaper, after DEL.
+// DEL looks up the host side of the pair, asks the node's reaper to delete
+// the pair (reap.go), releases the addresses while the reaper works, and
+// returns once the pair has left both namespaces, so that the pod
+// namespace can take another attachment with the same CNI_IFNAME. The
+// kernel's slow part of deleting the pair (15-30 ms of RCU waits) happens
+// in the reaper, after DEL. DEL never needs the pod namespace: with the
+// namespace already gone, the kernel is destroying the pair, or has.
 func Del(args *skel.CmdArgs) error {
 	tr := newTracer("DEL")
 	cfg, err := ParseConfig(args.StdinData)
@@ -30,15 +30,12 @@ func Del(args *skel.CmdArgs) error {
 		return err
 	}
 	tr.mark("parse")
-	host, err := disarmHostVeth(HostVethName(args.ContainerID, args.IfName))
+	host, err := hostVeth(HostVethName(args.ContainerID, args.IfName))
 	if err != nil {
 		return err
 	}
 	tr.mark("netlink")
-	reap, err := startReap(args.Netns, host)
-	if err != nil {
-		return err
-	}
+	reap := startReap(host)
 	tr.mark("reap-start")
 	store, err := openStore(cfg)
 	if err != nil {
@@ -66,22 +63,6 @@ func hostVeth(name string) (netlink.Link, error) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("looking up %s: %w", name, err)
-	}
-	return link, nil
-}
-
-// disarmHostVeth sets a host-side veth down if it is still there, and
-// returns it (nil if there is none).
-func disarmHostVeth(name string) (netlink.Link, error) {
-	link, err := hostVeth(name)
-	if link == nil || link.Attrs().Flags&net.FlagUp == 0 {
-		return link, err
-	}
-	if err := netlink.LinkSetDown(link); err != nil {
-		if isNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("setting %s down: %w", name, err)
 	}
 	return link, nil
 }

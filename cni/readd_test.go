@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -145,12 +146,55 @@ func TestStuckReaper(t *testing.T) {
 	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = syscall.Kill(pids[0], syscall.SIGCONT) }()
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = syscall.Kill(pids[0], syscall.SIGCONT)
+		}
+	}()
 	e.del(list, b)
 	if l := podLinks(t, b.NetNS); len(l) != 0 {
 		t.Fatalf("pod namespace after DEL with a stuck reaper holds %v", l)
 	}
 	if v := e.hostVeths(); len(v) != 0 {
 		t.Fatalf("bridge ports after DEL with a stuck reaper: %v", v)
+	}
+
+	// The request DEL gave up on is still queued at the reaper. The same
+	// attachment is added again (its host veth has the same name), then the
+	// reaper resumes and serves that late request: it must leave the new
+	// pair alone.
+	ipB := e.add(list, b)
+	serve(t, b.NetNS, "b", ":8080")
+	if err := syscall.Kill(pids[0], syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	waitReaperIdle(t)
+	if v := e.armedVeths(); len(v) != 1 || v[0] != cni.HostVethName(b.ContainerID, b.IfName) {
+		t.Fatalf("bridge ports after the reaper served a late request: %v, want %s's", v, b.ContainerID)
+	}
+	mustExchange(t, "", net.JoinHostPort(ipB.String(), "8080"), "b saw "+podGW)
+}
+
+// waitReaperIdle waits until no connection to the node's reaper is open:
+// every request it had accepted has been served.
+func waitReaperIdle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile("/proc/net/unix")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The listener is the only socket bound to the reaper's name
+		// ("@weft-cni-reaper" appears once per accepted connection too).
+		if strings.Count(string(b), "@weft-cni-reaper") <= 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reaper still holds connections after 10 s:\n%s", b)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -1,26 +1,28 @@
 package cni
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // ReapArg is the first argument with which the plugin binary runs as the
 // node's reaper (reaper.go) instead of serving a CNI command:
-// `weft reap-veth <host veth name>`.
+// `weft reap-veth`.
 const ReapArg = "reap-veth"
 
-// reapTimeout bounds how long DEL waits for the reaper before it deletes
-// the pair itself.
+// reapTimeout bounds how long DEL waits for the reaper (to start, and to
+// answer) before it deletes the pair itself.
 const reapTimeout = 5 * time.Second
 
 // Design note: taking the pod side out of the pod namespace.
@@ -31,141 +33,113 @@ const reapTimeout = 5 * time.Second
 // is a synchronous netlink request that returns only after the kernel has
 // waited for RCU grace periods and for the last references to the devices:
 // 20-30 ms on the reference machines, almost all of it spent waiting, little
-// of it holding RTNL. The device leaves its namespace's list at the very
-// start of that request, though, and the kernel announces it (RTM_DELLINK)
-// before the waits.
+// of it holding RTNL. Both ends leave their namespaces' lists at the very
+// start of that request, though, and the kernel announces the deletion
+// (RTM_DELLINK, in each end's namespace) right after, before the waits.
 //
-// So DEL does not send the request itself: it hands the (already disarmed)
-// host side to the node's reaper (reaper.go), subscribes to link events in
-// the pod namespace, and returns as soon as the pod side is announced gone.
-// The waits happen in the reaper after DEL has answered the runtime. If no
-// reaper runs, DEL starts one, detached: its own binary, which deletes that
-// pair and then serves later DELs until idle, so that a burst of deletions
-// starts one process. If the reaper fails or stays silent, DEL deletes the
-// pair itself.
+// So DEL does not send the request itself: it asks the node's reaper
+// (reaper.go) to delete the pair, naming the host side and its interface
+// index, and returns once the reaper has heard the kernel announce the host
+// side's deletion in the node's namespace, which means the pod side has left
+// the pod namespace too. The waits happen in the reaper after DEL has
+// answered the runtime. The reaper is resident: its link subscription is
+// open before it serves, so DEL itself opens neither the pod namespace nor
+// a subscription. If no reaper runs, DEL starts one, detached: its own
+// binary, which serves until idle, so that a burst of deletions starts one
+// process. If the reaper cannot be started, fails or stays silent, DEL
+// deletes the pair itself. The index makes a late request harmless: a
+// reaper that was stopped and resumes after DEL gave up finds the name on
+// another index (a newer ADD of the attachment) or on none, and deletes
+// nothing.
 
-// reaping is a reaper under way and what DEL needs to wait for it.
+// reaping is a deletion asked of the reaper and not answered yet.
 type reaping struct {
-	updates  chan netlink.LinkUpdate
-	done     chan struct{}
-	answered chan error
-	pod      *podNS
-	podIdx   int
-	host     netlink.Link
+	host netlink.Link
+	conn net.Conn // nil when the reaper could not be asked
 }
 
-// startReap starts deleting the veth pair whose host side is host, so that
-// the pod side leaves the namespace at nsPath. It returns nil when there is
-// nothing to wait for: no host side, or a pod namespace (or pod side) that is
-// already gone (the kernel destroys the pair with the namespace).
-func startReap(nsPath string, host netlink.Link) (*reaping, error) {
-	if host == nil || nsPath == "" {
-		return nil, nil
+// startReap asks the node's reaper, starting one if none runs, to delete
+// the veth pair whose host side is host. It returns nil when there is
+// nothing to delete.
+func startReap(host netlink.Link) *reaping {
+	if host == nil {
+		return nil
 	}
-	pod, err := openPodNS(nsPath)
-	if errors.Is(err, errNetNSGone) {
-		return nil, nil
-	}
+	r := &reaping{host: host}
+	conn, err := dialReaper()
 	if err != nil {
-		return nil, fmt.Errorf("removing the pod side of %s: %w", host.Attrs().Name, err)
+		return r // wait deletes the pair itself
 	}
-	r := &reaping{
-		updates:  make(chan netlink.LinkUpdate, 16),
-		done:     make(chan struct{}),
-		answered: make(chan error, 1),
-		pod:      pod,
-		podIdx:   host.Attrs().ParentIndex,
-		host:     host,
+	_ = conn.SetDeadline(time.Now().Add(reapTimeout))
+	if _, err := fmt.Fprintf(conn, "%s %d\n", host.Attrs().Name, host.Attrs().Index); err != nil {
+		_ = conn.Close()
+		return r
 	}
-	// The reaper first: its start is the longest step, and it overlaps
-	// with the rest of DEL. Whatever it deletes before the subscription
-	// below exists, the look-up after it sees gone.
-	r.spawn()
-	ns := pod.fd
-	if err := netlink.LinkSubscribeWithOptions(r.updates, r.done, netlink.LinkSubscribeOptions{Namespace: &ns}); err != nil {
-		r.close()
-		return nil, fmt.Errorf("watching links in %s: %w", nsPath, err)
-	}
-	if gone, err := r.podSideGone(); gone || err != nil {
-		r.close()
-		return nil, err
-	}
-	return r, nil
+	r.conn = conn
+	return r
 }
 
-// spawn hands the host side to the node's reaper, starting one if none is
-// running. When the reaper has answered (or cannot be reached or started),
-// r.answered fires and wait deletes the pair itself if it is still there.
-func (r *reaping) spawn() {
-	name := r.host.Attrs().Name
-	if conn, err := net.Dial("unix", reaperSocket); err == nil {
-		go func() { r.answered <- askReaper(conn, name) }()
-		return
-	}
-	self, err := os.Executable()
-	if err != nil {
-		r.answered <- err
-		return
-	}
-	cmd := exec.Command(self, ReapArg, name)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // not in the runtime's process group
-	if err := cmd.Start(); err != nil {
-		r.answered <- err
-		return
-	}
-	// The new reaper deletes this pair, then serves until idle; it exits
-	// long after DEL, which does not wait for it.
-	if err := cmd.Process.Release(); err != nil {
-		r.answered <- err
-	}
-}
-
-// wait returns once the pod side has left the pod namespace. If the reaper
-// answered, failed or stayed silent for reapTimeout while the pod side is
-// still there, DEL deletes the pair itself.
+// wait returns once the pod side has left the pod namespace: when the
+// reaper says so, or, if it failed or stayed silent for reapTimeout, after
+// deleting the pair itself.
 func (r *reaping) wait() error {
 	if r == nil {
 		return nil
 	}
-	defer r.close()
-	timeout := time.NewTimer(reapTimeout)
-	defer timeout.Stop()
-	for {
-		select {
-		case u := <-r.updates:
-			if u.Header.Type == unix.RTM_DELLINK && int(u.Index) == r.podIdx {
-				return nil
-			}
-			continue
-		case <-r.answered:
-		case <-timeout.C:
+	if r.conn != nil {
+		answer, err := bufio.NewReader(r.conn).ReadString('\n')
+		_ = r.conn.Close()
+		if err == nil && strings.TrimSpace(answer) == "ok" {
+			return nil
 		}
-		if gone, err := r.podSideGone(); gone || err != nil {
-			return err
-		}
-		if err := netlink.LinkDel(r.host); err != nil && !isNotFound(err) {
-			return fmt.Errorf("deleting %s: %w", r.host.Attrs().Name, err)
-		}
-		return nil
 	}
+	if err := netlink.LinkDel(r.host); err != nil && !isNotFound(err) {
+		return fmt.Errorf("deleting %s: %w", r.host.Attrs().Name, err)
+	}
+	return nil
 }
 
-// podSideGone reports whether the host side's peer is no longer a veth in
-// the pod namespace.
-func (r *reaping) podSideGone() (bool, error) {
-	link, err := r.pod.handle.LinkByIndex(r.podIdx)
+// dialReaper connects to the node's reaper, starting one if none answers.
+func dialReaper() (net.Conn, error) {
+	if conn, err := net.Dial("unix", reaperSocket); err == nil {
+		return conn, nil
+	}
+	if err := spawnReaper(); err != nil {
+		return nil, err
+	}
+	// The new reaper, or another DEL's that won the socket, serves now.
+	return net.Dial("unix", reaperSocket)
+}
+
+// spawnReaper starts `weft reap-veth`, detached, and returns once it
+// serves (it writes reaperReady on its stdout) or has exited (another
+// reaper serves, or it failed).
+func spawnReaper() error {
+	self, err := os.Executable()
 	if err != nil {
-		if isNotFound(err) {
-			return true, nil
-		}
-		return false, fmt.Errorf("looking up the pod side of %s: %w", r.host.Attrs().Name, err)
+		return fmt.Errorf("starting the reaper: %w", err)
 	}
-	return link.Type() != "veth", nil
-}
-
-func (r *reaping) close() {
-	close(r.done)
-	r.pod.Close()
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("starting the reaper: %w", err)
+	}
+	defer rd.Close()
+	cmd := exec.Command(self, ReapArg)
+	cmd.Stdout = wr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // not in the runtime's process group
+	err = cmd.Start()
+	_ = wr.Close()
+	if err != nil {
+		return fmt.Errorf("starting the reaper: %w", err)
+	}
+	// It serves until idle, long after DEL, which does not wait for it.
+	_ = cmd.Process.Release()
+	_ = rd.SetReadDeadline(time.Now().Add(reapTimeout))
+	_, err = bufio.NewReader(rd).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("starting the reaper: %w", err)
+	}
+	return nil
 }
 
 // clearRemnant makes way for ADD's pod interface. An existing CNI_IFNAME is

@@ -5,37 +5,79 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
 // The node's reaper (see reap.go) is the plugin binary run as
-// `weft reap-veth <name>`: it deletes that pair, then serves deletions
-// asked by later DELs on an abstract unix socket until it has been idle
-// for reaperIdle, so that a burst of pod deletions starts one process, not
-// one per DEL. Abstract socket names belong to the network namespace: every
-// node (namespace) has its own reaper, and nothing is left on disk. Only
-// root peers are served, and only disarmed weft veths are deleted.
+// `weft reap-veth`: it serves deletions asked by DELs on an abstract unix
+// socket until it has been idle for reaperIdle, so that a burst of pod
+// deletions starts one process, not one per DEL. Abstract socket names
+// belong to the network namespace: every node (namespace) has its own
+// reaper, and nothing is left on disk. Only root peers are served, and only
+// weft host veths are deleted.
+//
+// A request is one line, answered by "ok" or the error:
+//
+//	<host veth name> <ifindex>   delete that pair (if the name still has that
+//	                             index); answered once the kernel announced
+//	                             the deletion, that is once both ends have
+//	                             left their namespaces
+//	<host veth name>             delete it only if it is disarmed (down), as
+//	                             the DELs of weft versions before the index
+//	                             form asked
 const (
 	reaperSocket = "@weft-cni-reaper"
 	reaperIdle   = 30 * time.Second
 	reaperIO     = 5 * time.Second
+	// reaperReady is what a new reaper writes on its stdout once it serves.
+	reaperReady = "ready"
+	// reaperRcvBuf is the receive buffer of the reaper's link subscription:
+	// a busy node's link events must not overflow it (an overflow makes
+	// the reaper stop serving, see deletions).
+	reaperRcvBuf = 1 << 20
 )
 
-// Reap deletes the disarmed weft veth called name (and its pod side), then
-// serves as the node's reaper unless another one already does. It is what
-// `weft reap-veth` runs.
+// Reap serves as the node's reaper unless another one already does. A name
+// (what older DELs passed) is first deleted if it is a disarmed weft veth.
+// It is what `weft reap-veth [name]` runs.
 func Reap(name string) error {
+	var err error
+	if name != "" {
+		err = reapOne(name)
+	}
 	ln, lerr := net.Listen("unix", reaperSocket)
-	err := reapOne(name)
 	if lerr != nil {
 		return err // another reaper serves the node
 	}
-	serveReaper(ln.(*net.UnixListener))
+	d, werr := watchDeletions(func() { _ = ln.Close() })
+	if werr != nil {
+		_ = ln.Close()
+		return errors.Join(err, werr)
+	}
+	defer d.stop()
+	announceReady()
+	serveReaper(ln.(*net.UnixListener), d)
 	return err
+}
+
+// announceReady tells the DEL that started this reaper that it serves, by
+// writing reaperReady on stdout, then points stdout at /dev/null so that
+// the pipe closes.
+func announceReady() {
+	fmt.Fprintln(os.Stdout, reaperReady)
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	_ = unix.Dup3(int(null.Fd()), int(os.Stdout.Fd()), 0)
+	_ = null.Close()
 }
 
 // reapOne deletes the host-side veth called name if it is a disarmed weft
@@ -47,8 +89,9 @@ func reapOne(name string) error {
 	return removeDisarmed(name)
 }
 
-// serveReaper answers deletion requests until none came for reaperIdle.
-func serveReaper(ln *net.UnixListener) {
+// serveReaper answers deletion requests until none came for reaperIdle or
+// the listener is closed.
+func serveReaper(ln *net.UnixListener, d *deletions) {
 	var busy sync.WaitGroup
 	defer busy.Wait()
 	defer ln.Close()
@@ -58,14 +101,14 @@ func serveReaper(ln *net.UnixListener) {
 		}
 		conn, err := ln.AcceptUnix()
 		if err != nil {
-			return // idle, or the listener broke: DELs fall back to their own
+			return // idle, or the listener broke: DELs start another reaper
 		}
-		busy.Go(func() { serveReap(conn) })
+		busy.Go(func() { serveReap(conn, d) })
 	}
 }
 
-// serveReap reads one veth name, deletes it, and answers "ok" or the error.
-func serveReap(conn *net.UnixConn) {
+// serveReap reads one request, carries it out, and answers "ok" or the error.
+func serveReap(conn *net.UnixConn, d *deletions) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(reaperIO))
 	if !rootPeer(conn) {
@@ -76,7 +119,26 @@ func serveReap(conn *net.UnixConn) {
 	if err != nil {
 		return
 	}
-	if err := reapOne(strings.TrimSpace(line)); err != nil {
+	name, index, indexed := strings.Cut(strings.TrimSpace(line), " ")
+	if !indexed {
+		answer(conn, reapOne(name))
+		return
+	}
+	idx, err := strconv.Atoi(index)
+	if err != nil || idx <= 0 {
+		answer(conn, fmt.Errorf("reap: %q is not an interface index", index))
+		return
+	}
+	// remove answers "ok" itself as soon as the pair has left the
+	// namespaces, before the kernel has finished deleting it.
+	if err := d.remove(name, idx, func() { answer(conn, nil) }); err != nil {
+		answer(conn, err)
+	}
+}
+
+// answer writes "ok" for a nil error, the error otherwise.
+func answer(conn net.Conn, err error) {
+	if err != nil {
 		fmt.Fprintln(conn, err)
 		return
 	}
@@ -96,19 +158,103 @@ func rootPeer(conn *net.UnixConn) bool {
 	return cred.Uid == 0
 }
 
-// askReaper sends name to the reaper on conn and returns once it answered.
-func askReaper(conn net.Conn, name string) error {
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(reaperIO))
-	if _, err := fmt.Fprintln(conn, name); err != nil {
-		return fmt.Errorf("asking the reaper: %w", err)
+// deletions follows the kernel's RTM_DELLINK announcements in the reaper's
+// namespace, so that a request is answered as soon as its pair has left the
+// namespaces instead of after the kernel's slow part of the deletion. If the
+// subscription breaks (e.g. its buffer overflowed and events were lost),
+// broken is called and waiters fall back to the deletion's own end.
+type deletions struct {
+	mu      sync.Mutex
+	waiters map[int]chan struct{}
+	broken  bool
+	done    chan struct{}
+}
+
+func watchDeletions(broken func()) (*deletions, error) {
+	d := &deletions{waiters: map[int]chan struct{}{}, done: make(chan struct{})}
+	updates := make(chan netlink.LinkUpdate, 64)
+	opts := netlink.LinkSubscribeOptions{ReceiveBufferSize: reaperRcvBuf, ErrorCallback: func(error) {}}
+	if err := netlink.LinkSubscribeWithOptions(updates, d.done, opts); err != nil {
+		return nil, fmt.Errorf("reap: watching link deletions: %w", err)
 	}
-	answer, err := bufio.NewReader(conn).ReadString('\n')
+	go func() {
+		for u := range updates {
+			if u.Header.Type == unix.RTM_DELLINK {
+				d.announce(int(u.Index))
+			}
+		}
+		d.mu.Lock()
+		d.broken = true
+		d.mu.Unlock()
+		broken()
+	}()
+	return d, nil
+}
+
+func (d *deletions) stop() { close(d.done) }
+
+// watch returns a channel closed when the link with index idx is announced
+// deleted (never, if the subscription has broken).
+func (d *deletions) watch(idx int) chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ch := make(chan struct{})
+	if !d.broken {
+		d.waiters[idx] = ch
+	}
+	return ch
+}
+
+func (d *deletions) unwatch(idx int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.waiters, idx)
+}
+
+func (d *deletions) announce(idx int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ch, ok := d.waiters[idx]; ok {
+		close(ch)
+		delete(d.waiters, idx)
+	}
+}
+
+// remove deletes the weft veth pair whose host side is called name and has
+// index idx. It calls gone once both ends have left their namespaces (at
+// once if the link is already gone or is another one now), and returns
+// once the kernel has finished the deletion, with its error if gone was not
+// called.
+func (d *deletions) remove(name string, idx int, gone func()) error {
+	if !isHostVethName(name) {
+		return fmt.Errorf("reap: %q is not a weft host veth name", name)
+	}
+	announced := d.watch(idx)
+	defer d.unwatch(idx)
+	link, err := netlink.LinkByIndex(idx)
 	if err != nil {
-		return fmt.Errorf("asking the reaper: %w", err)
+		if isNotFound(err) {
+			gone()
+			return nil
+		}
+		return fmt.Errorf("reap: looking up %s: %w", name, err)
 	}
-	if answer = strings.TrimSpace(answer); answer != "ok" {
-		return errors.New(answer)
+	if link.Attrs().Name != name || link.Type() != "veth" {
+		gone() // the index is another link's now: that pair is gone
+		return nil
 	}
-	return nil
+	deleted := make(chan error, 1)
+	go func() { deleted <- netlink.LinkDel(link) }()
+	select {
+	case <-announced:
+		gone()
+		<-deleted
+		return nil
+	case err := <-deleted:
+		if err != nil && !isNotFound(err) {
+			return fmt.Errorf("reap: deleting %s: %w", name, err)
+		}
+		gone()
+		return nil
+	}
 }

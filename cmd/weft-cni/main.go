@@ -1,7 +1,7 @@
 // Command weft-cni is the weft CNI plugin, installed in the runtime's CNI
 // bin dir as "weft". The container runtime executes it once per command;
-// DEL also executes it as `weft reap-veth <name>` to finish deleting a veth
-// pair after DEL has returned (see cni.Reap).
+// DEL also executes it as `weft reap-veth`, the node's reaper, which
+// finishes deleting veth pairs after DEL has returned (see cni.Reap).
 package main
 
 import (
@@ -16,8 +16,13 @@ import (
 )
 
 func main() {
-	if len(os.Args) == 3 && os.Args[1] == cni.ReapArg {
-		if err := cni.Reap(os.Args[2]); err != nil {
+	if len(os.Args) >= 2 && len(os.Args) <= 3 && os.Args[1] == cni.ReapArg {
+		// A name is what DELs of earlier weft versions pass.
+		name := ""
+		if len(os.Args) == 3 {
+			name = os.Args[2]
+		}
+		if err := cni.Reap(name); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
