@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weftnet/weft/cni"
+	"github.com/weftnet/weft/ipam"
 	"github.com/weftnet/weft/policy"
 	polipt "github.com/weftnet/weft/policy/iptables"
 )
@@ -31,9 +33,15 @@ type PolicyOptions struct {
 	Resync time.Duration
 	// IPAMDataDir is the CNI plugin's allocation state: when set, traffic
 	// from a pod's bridge port must carry that pod's address (source
-	// check, see policy/iptables SourceSetName), reconciled from it.
+	// check, see policy/iptables ChainSource), reconciled from it, and
+	// new pods are default-deny until programmed (see policy_pending.go).
 	IPAMDataDir string
-	Log         *slog.Logger
+	// Bridge is the pods' bridge (default cni.DefaultBridge).
+	Bridge string
+	// PendingTimeout bounds how long a new pod attachment that the agent
+	// cannot tie to a Pod stays default-deny (DefaultPendingTimeout).
+	PendingTimeout time.Duration
+	Log            *slog.Logger
 }
 
 // PolicyController enforces NetworkPolicies for the pods of its node: it
@@ -49,6 +57,11 @@ type PolicyController struct {
 	trigger  chan struct{}
 	synced   chan struct{}
 	once     sync.Once
+	// allocated is poked by saves of the CNI allocations: a new pod
+	// waits for the next sync, which skips the coalescing delay for it.
+	allocated chan struct{}
+	allocSeen atomic.Int64 // unix nanos of the first save noticed since the last sync, 0 if none
+	pending   pendingState // sync loop only
 
 	mu       sync.Mutex
 	pods     map[string]*corev1.Pod
@@ -66,7 +79,13 @@ func NewPolicyController(o PolicyOptions) *PolicyController {
 	if o.Resync == 0 {
 		o.Resync = 30 * time.Second
 	}
-	c := &PolicyController{opts: o, applier: polipt.Applier{Runner: polipt.Exec{}}, applier6: polipt.Applier{Family: 6, Runner: polipt.Exec{Family: 6}},
+	if o.Bridge == "" {
+		o.Bridge = cni.DefaultBridge
+	}
+	if o.PendingTimeout == 0 {
+		o.PendingTimeout = DefaultPendingTimeout
+	}
+	c := &PolicyController{allocated: make(chan struct{}, 1), opts: o, applier: polipt.Applier{Runner: polipt.Exec{}}, applier6: polipt.Applier{Family: 6, Runner: polipt.Exec{Family: 6}},
 		trigger: make(chan struct{}, 1), synced: make(chan struct{}),
 		pods: map[string]*corev1.Pod{}, nss: map[string]*corev1.Namespace{}, pols: map[string]*networkingv1.NetworkPolicy{},
 		rejected: map[string]string{}}
@@ -126,6 +145,17 @@ func (c *PolicyController) poke() {
 	}
 }
 
+// allocationsChanged notes a save of the CNI allocations (or a pending
+// attachment's bound) and wakes the loop at once.
+func (c *PolicyController) allocationsChanged() {
+	c.allocSeen.CompareAndSwap(0, time.Now().UnixNano())
+	select {
+	case c.allocated <- struct{}{}:
+	default:
+	}
+	c.poke()
+}
+
 // Run syncs after the initial state arrived, on every change (at most once
 // per MinSyncPeriod) and every Resync, until ctx ends.
 func (c *PolicyController) Run(ctx context.Context) {
@@ -152,13 +182,19 @@ func (c *PolicyController) Run(ctx context.Context) {
 			c.applier.ForceFull() // read the kernel back: repairs drift
 			c.applier6.ForceFull()
 		}
+		select {
+		case <-c.allocated: // this sync reads the allocations
+		default:
+		}
 		start := time.Now()
 		err := c.sync()
 		c.metrics.observe(time.Since(start), err)
+		allocated := c.allocated
 		if err != nil {
 			c.opts.Log.Error("network policy sync failed", "node", c.opts.NodeName, "err", err)
 			c.poke() // retry, backing off up to 10 s while it keeps failing
 			wait = min(2*wait, 10*time.Second)
+			allocated = nil
 		} else {
 			wait = c.opts.MinSyncPeriod
 		}
@@ -166,36 +202,53 @@ func (c *PolicyController) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
+		case <-allocated: // a new pod is default-deny until the next sync: no coalescing delay
+			c.poke()
 		}
 	}
 }
 
-func (c *PolicyController) input() policy.Input {
+// input is the compiler's input, with this node's attachments (allocs)
+// filled in as the addresses of their pods, and the attachments whose pod
+// it covers.
+func (c *PolicyController) input(allocs []ipam.Allocation) (policy.Input, covered) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	in := policy.Input{}
-	for _, p := range c.pods {
-		in.Pods = append(in.Pods, p)
-	}
+	var cov covered
+	in.Pods, cov = c.localPods(allocs)
 	for _, n := range c.nss {
 		in.Namespaces = append(in.Namespaces, n)
 	}
 	for _, p := range c.pols {
 		in.Policies = append(in.Policies, p)
 	}
-	return in
+	return in, cov
 }
 
 func (c *PolicyController) sync() error {
-	d := policy.Compile(c.input())
+	var seen time.Time
+	if ns := c.allocSeen.Swap(0); ns != 0 {
+		seen = time.Unix(0, ns)
+	}
+	var allocs []ipam.Allocation
+	if c.opts.IPAMDataDir != "" {
+		var err error
+		if allocs, err = podAllocations(c.opts.IPAMDataDir); err != nil {
+			return fmt.Errorf("pod attachments: %w", err)
+		}
+	}
+	in, cov := c.input(allocs)
+	d := policy.Compile(in)
 	c.logRejected(d.Errors)
 	cfg := polipt.Config{NodeName: c.opts.NodeName, LogDrops: c.opts.LogDrops}
 	if c.opts.IPAMDataDir != "" {
-		srcs, err := podSources(c.opts.IPAMDataDir)
-		if err != nil {
-			return fmt.Errorf("pod source addresses: %w", err)
+		cfg.PodPorts, cfg.Sources, cfg.PodBridges = podPorts, podSources(allocs), []string{c.opts.Bridge}
+		for _, al := range allocs {
+			if slices.ContainsFunc(al.Addresses, netip.Addr.Is6) {
+				c.v6.Store(true)
+			}
 		}
-		cfg.PodPorts, cfg.Sources = podPorts, srcs
 	}
 	rs := polipt.Render(d, cfg)
 	st, err := c.applier.Apply(rs)
@@ -221,6 +274,11 @@ func (c *PolicyController) sync() error {
 		st.Sets, st.Chains = st.Sets+st6.Sets, st.Chains+st6.Chains
 		st.DeletedChains, st.DeletedSets = st.DeletedChains+st6.DeletedChains, st.DeletedSets+st6.DeletedSets
 		rs.Sets = append(rs.Sets, rs6.Sets...)
+	}
+	if c.opts.IPAMDataDir != "" {
+		if err := c.markReady(cov, c.v6.Load(), seen); err != nil {
+			return fmt.Errorf("marking programmed pods ready: %w", err)
+		}
 	}
 	c.metrics.isolated.Set(float64(local))
 	c.metrics.sets.Set(float64(len(rs.Sets)))

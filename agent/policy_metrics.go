@@ -13,6 +13,11 @@ type policyMetrics struct {
 	isolated prometheus.Gauge
 	sets     prometheus.Gauge
 	rejected prometheus.Gauge
+	// New pods' default deny: how long attachments waited to be
+	// programmed, how many reached the bound, how many wait now.
+	pendingSeconds prometheus.Histogram
+	pendingExpired prometheus.Counter
+	pending        prometheus.Gauge
 }
 
 func newPolicyMetrics(drops func() (in, out uint64, err error)) *policyMetrics {
@@ -28,8 +33,16 @@ func newPolicyMetrics(drops func() (in, out uint64, err error)) *policyMetrics {
 		isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_isolated_pods", Help: "Pods of this node isolated by some NetworkPolicy."}),
 		sets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_ipsets", Help: "ipsets the node's policy rules use."}),
 		rejected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_rejected_policies", Help: "NetworkPolicies rejected as invalid (their pods fail closed)."}),
+		pendingSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "weft_policy_pending_seconds", Help: "Time from the CNI plugin saving a new pod attachment to its addresses being marked programmed (default deny until then).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		pendingExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weft_policy_pending_expired_total", Help: "New pod attachments released at --policy-pending-timeout without being tied to a Pod.",
+		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_pending_attachments", Help: "Pod attachments of this node waiting to be programmed (default deny)."}),
 	}
-	m.registry.MustRegister(m.syncs, m.duration, m.isolated, m.sets, m.rejected)
+	m.registry.MustRegister(m.syncs, m.duration, m.isolated, m.sets, m.rejected, m.pendingSeconds, m.pendingExpired, m.pending)
 	for _, dir := range []string{"ingress", "egress"} {
 		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "weft_policy_dropped_packets_total", Help: "Packets dropped by NetworkPolicy on this node.",

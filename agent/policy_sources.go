@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -19,23 +22,15 @@ const CNINetwork = "weft"
 // side of their veths).
 const podPorts = cni.HostVethPrefix + "+"
 
-// podSources reads the CNI plugin's allocations on this node: each pod
-// attachment's bridge port and addresses, which the policy rules hold
-// the traffic from that port to.
-func podSources(dataDir string) ([]polipt.Source, error) {
-	dir, err := ipam.NetworkDir(dataDir, CNINetwork)
+// podAllocations reads the CNI plugin's allocations on this node.
+func podAllocations(dataDir string) ([]ipam.Allocation, error) {
+	store, err := allocationStore(dataDir)
 	if err != nil {
 		return nil, err
 	}
-	store, err := ipam.NewDiskStore(dir)
-	if err != nil {
-		return nil, fmt.Errorf("opening the ipam state: %w", err)
-	}
-	var out []polipt.Source
+	var out []ipam.Allocation
 	err = store.View(func(st *ipam.State) error {
-		for _, al := range st.Allocations {
-			out = append(out, polipt.Source{Port: cni.HostVethName(al.ContainerID, al.IfName), Addrs: al.Addresses})
-		}
+		out = st.Allocations
 		return nil
 	})
 	if err != nil {
@@ -44,17 +39,38 @@ func podSources(dataDir string) ([]polipt.Source, error) {
 	return out, nil
 }
 
-// watchAllocations pokes the controller whenever the plugin writes its
-// allocation state (ADD, DEL, GC), so that a new pod's source is allowed
-// without waiting for the API server to report its address.
+func allocationStore(dataDir string) (*ipam.DiskStore, error) {
+	dir, err := ipam.NetworkDir(dataDir, CNINetwork)
+	if err != nil {
+		return nil, err
+	}
+	store, err := ipam.NewDiskStore(dir)
+	if err != nil {
+		return nil, fmt.Errorf("opening the ipam state: %w", err)
+	}
+	return store, nil
+}
+
+// podSources are the pod attachments' bridge ports and addresses, which
+// the policy rules hold the traffic from each port to.
+func podSources(allocs []ipam.Allocation) []polipt.Source {
+	out := make([]polipt.Source, 0, len(allocs))
+	for _, al := range allocs {
+		out = append(out, polipt.Source{Port: cni.HostVethName(al.ContainerID, al.IfName), Addrs: al.Addresses})
+	}
+	return out
+}
+
+// watchAllocations pokes the controller whenever the plugin saves its
+// allocation state (ADD, DEL, GC), so that a new pod is programmed
+// without waiting for the API server to report its address. Only saves
+// count: the lock file is written by every reader too, the agent included.
 func (c *PolicyController) watchAllocations(ctx context.Context) error {
-	dir, err := ipam.NetworkDir(c.opts.IPAMDataDir, CNINetwork)
+	store, err := allocationStore(c.opts.IPAMDataDir) // creates the directory
 	if err != nil {
 		return err
 	}
-	if _, err := ipam.NewDiskStore(dir); err != nil { // creates the directory
-		return err
-	}
+	dir, state := store.Dir(), filepath.Base(store.StatePath())
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("inotify: %w", err)
@@ -70,11 +86,33 @@ func (c *PolicyController) watchAllocations(ctx context.Context) error {
 	go func() {
 		buf := make([]byte, 4096)
 		for {
-			if _, err := unix.Read(fd, buf); err != nil && err != unix.EINTR {
+			n, err := unix.Read(fd, buf)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || n <= 0 {
 				return
 			}
-			c.poke()
+			if namesFile(buf[:n], state) {
+				c.allocationsChanged()
+			}
 		}
 	}()
 	return nil
+}
+
+// namesFile reports whether a buffer of inotify events names file.
+func namesFile(buf []byte, file string) bool {
+	for len(buf) >= unix.SizeofInotifyEvent {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[0]))
+		end := unix.SizeofInotifyEvent + int(ev.Len)
+		if end > len(buf) {
+			return false
+		}
+		if string(bytes.TrimRight(buf[unix.SizeofInotifyEvent:end], "\x00")) == file {
+			return true
+		}
+		buf = buf[end:]
+	}
+	return false
 }

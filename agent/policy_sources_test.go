@@ -14,7 +14,7 @@ import (
 // veth with its addresses, both families.
 func TestPodSources(t *testing.T) {
 	dataDir := t.TempDir()
-	if got, err := podSources(dataDir); err != nil || len(got) != 0 {
+	if got, err := podAllocations(dataDir); err != nil || len(got) != 0 {
 		t.Fatalf("no allocations yet: %v, %v", got, err)
 	}
 	dir, err := ipam.NetworkDir(dataDir, CNINetwork)
@@ -33,10 +33,11 @@ func TestPodSources(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := podSources(dataDir)
+	allocs, err := podAllocations(dataDir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := podSources(allocs)
 	want := []polipt.Source{{Port: cni.HostVethName("c1", "eth0"), Addrs: []netip.Addr{a4, a6}}}
 	if len(got) != 1 || got[0].Port != want[0].Port || !slices.Equal(got[0].Addrs, want[0].Addrs) {
 		t.Fatalf("sources %+v, want %+v", got, want)

@@ -25,7 +25,7 @@ func TestPolicyControllerStateAndRejections(t *testing.T) {
 	bad := nt.Policy("x", "bad", nil, nt.Ingress(nt.From(nt.Peers(nt.BlockPeer("10.0.0.0/33")))))
 	c.OnNetworkPolicy(nil, bad)
 	c.OnPolicyPod(w.Pods[0], nil)
-	in := c.input()
+	in, _ := c.input(nil)
 	if len(in.Pods) != len(w.Pods)-1 || len(in.Namespaces) != 3 || len(in.Policies) != 1 {
 		t.Fatalf("input: %d pods, %d namespaces, %d policies", len(in.Pods), len(in.Namespaces), len(in.Policies))
 	}
@@ -42,12 +42,13 @@ func TestPolicyControllerStateAndRejections(t *testing.T) {
 	fixed.Spec.Ingress[0].From[0].IPBlock.CIDR = "10.0.0.0/8"
 	fixed.Spec.Ingress[0].From[0].IPBlock.Except = []string{"11.0.0.0/8"}
 	c.OnNetworkPolicy(bad, fixed)
-	c.logRejected(policy.Compile(c.input()).Errors)
+	in, _ = c.input(nil)
+	c.logRejected(policy.Compile(in).Errors)
 	if !strings.Contains(logs.String(), "field=spec.ingress[0].from[0].ipBlock.except[0]") {
 		t.Fatalf("logs:\n%s", logs.String())
 	}
 	c.OnNetworkPolicy(fixed, nil)
-	if len(c.input().Policies) != 0 {
+	if in, _ := c.input(nil); len(in.Policies) != 0 {
 		t.Fatal("deleted policy kept")
 	}
 }

@@ -40,12 +40,15 @@ func Add(args *skel.CmdArgs) error {
 		return err
 	}
 	key := ipam.Key{ContainerID: args.ContainerID, IfName: args.IfName}
-	var leases []ipam.Lease
+	var leases, old []ipam.Lease
 	var existed bool
 	err = store.Update(func(st *ipam.State) error {
-		_, existed = cfg.Pool.Lookup(st, key)
-		leases, err = cfg.Pool.Allocate(st, key)
-		return err
+		old, existed = cfg.Pool.Lookup(st, key)
+		if leases, err = cfg.Pool.Allocate(st, key); err != nil {
+			return err
+		}
+		st.SetPod(key, podRef(args.Args))
+		return revokeReady(old, leases)
 	})
 	if err != nil {
 		if errors.Is(err, ipam.ErrExhausted) {

@@ -40,6 +40,19 @@ type Lease struct {
 type Allocation struct {
 	Key
 	Addresses []netip.Addr `json:"addresses"`
+	// Pod is the Kubernetes pod the attachment was made for, when the
+	// runtime named it (optional).
+	Pod *PodRef `json:"pod,omitempty"`
+}
+
+// PodRef names the Kubernetes pod of an allocation, as the runtime passes
+// it in CNI_ARGS (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID): the node
+// agent ties a new attachment to its Pod object with it before the API
+// server reports the pod's address.
+type PodRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid,omitempty"`
 }
 
 // State is the persisted allocation state of one network. Use NewState
@@ -83,8 +96,19 @@ func (st *State) Clone() *State {
 	}
 	for i, al := range st.Allocations {
 		c.Allocations[i] = Allocation{Key: al.Key, Addresses: slices.Clone(al.Addresses)}
+		if al.Pod != nil {
+			pod := *al.Pod
+			c.Allocations[i].Pod = &pod
+		}
 	}
 	return c
+}
+
+// SetPod records the pod of key's allocation (none: no-op).
+func (st *State) SetPod(key Key, pod *PodRef) {
+	if i := st.find(key); i >= 0 {
+		st.Allocations[i].Pod = pod
+	}
 }
 
 // find returns the index of key's allocation, or -1.
@@ -97,12 +121,13 @@ func (st *State) find(key Key) int {
 	return -1
 }
 
-// put records addrs for key, replacing any previous allocation and keeping
-// Allocations sorted.
+// put records addrs for key, replacing any previous allocation (its pod
+// stays: same attachment) and keeping Allocations sorted.
 func (st *State) put(key Key, addrs []netip.Addr) {
 	st.Version = StateVersion
 	al := Allocation{Key: key, Addresses: slices.Clone(addrs)}
 	if i := st.find(key); i >= 0 {
+		al.Pod = st.Allocations[i].Pod
 		st.Allocations[i] = al
 		return
 	}
@@ -183,6 +208,9 @@ func (st *State) check() error {
 			return fmt.Errorf("allocations[%d]: duplicate key %s", i, al.Key)
 		}
 		keys[al.Key] = struct{}{}
+		if al.Pod != nil && (al.Pod.Namespace == "" || al.Pod.Name == "") {
+			return fmt.Errorf("allocations[%d].pod: namespace and name are required", i)
+		}
 		for _, a := range al.Addresses {
 			if !a.IsValid() || a.Zone() != "" {
 				return fmt.Errorf("allocations[%d]: invalid address %q", i, a)

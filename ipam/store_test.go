@@ -127,6 +127,37 @@ func TestStateJSON(t *testing.T) {
 	}
 }
 
+// An allocation's pod is optional: absent from the encoding without one,
+// kept through a round trip, a clone and a re-allocation of its key.
+func TestStatePod(t *testing.T) {
+	p := mustPool(t, ipam.RangeSet{sub("10.0.0.0/24")}, ipam.RangeSet{sub("fd00::/64")})
+	st := ipam.NewState()
+	alloc(t, p, st, "a")
+	if b := encode(t, st); strings.Contains(string(b), `"pod"`) {
+		t.Fatalf("allocation without a pod encodes one:\n%s", b)
+	}
+	k := ipam.Key{ContainerID: "a", IfName: "eth0"}
+	st.SetPod(k, &ipam.PodRef{Namespace: "x", Name: "web-1", UID: "u1"})
+	back, err := ipam.UnmarshalState(encode(t, st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Allocations[0].Pod; got == nil || *got != (ipam.PodRef{Namespace: "x", Name: "web-1", UID: "u1"}) {
+		t.Fatalf("pod after a round trip: %+v", got)
+	}
+	c := st.Clone()
+	c.Allocations[0].Pod.Name = "other"
+	if st.Allocations[0].Pod.Name != "web-1" {
+		t.Error("Clone shares the pod")
+	}
+	if _, err := p.Allocate(st, k); err != nil {
+		t.Fatal(err)
+	}
+	if st.Allocations[0].Pod == nil {
+		t.Error("a repeated allocation of the key lost its pod")
+	}
+}
+
 func TestUnmarshalStateInvalid(t *testing.T) {
 	for name, in := range map[string]string{
 		"not json":       "garbage",
@@ -141,6 +172,7 @@ func TestUnmarshalStateInvalid(t *testing.T) {
 			{"containerID": "a", "ifName": "eth0", "addresses": []}]}`,
 		"shared address": `{"version": 1, "allocations": [{"containerID": "a", "ifName": "eth0", "addresses": ["10.0.0.2"]},
 			{"containerID": "b", "ifName": "eth0", "addresses": ["10.0.0.2"]}]}`,
+		"pod without name": `{"version": 1, "allocations": [{"containerID": "a", "ifName": "eth0", "addresses": [], "pod": {"namespace": "x"}}]}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			st, err := ipam.UnmarshalState([]byte(in))

@@ -36,6 +36,7 @@ type agentFlags struct {
 	resync                                                    time.Duration
 	cleanup                                                   bool
 	networkPolicy, policyLogDrops                             bool
+	policyPendingTimeout                                      time.Duration
 }
 
 func main() {
@@ -53,6 +54,7 @@ func main() {
 	flag.BoolVar(&f.cleanup, "cleanup", false, "remove everything weft-agent installed on this node and exit")
 	flag.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicies for this node's pods (iptables + ipset)")
 	flag.BoolVar(&f.policyLogDrops, "policy-log-drops", false, "log packets dropped by NetworkPolicy (rate-limited kernel log)")
+	flag.DurationVar(&f.policyPendingTimeout, "policy-pending-timeout", agent.DefaultPendingTimeout, "how long a new pod the agent cannot tie to a Pod object stays default-deny before it is released as one no policy selects")
 	var px proxyFlags
 	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, or none to leave Services to another proxy")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
@@ -107,6 +109,9 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if mode != string(routing.ModeHostGW) && mode != string(routing.ModeVXLAN) {
 		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", mode)
 	}
+	if f.policyPendingTimeout <= 0 {
+		return fmt.Errorf("--policy-pending-timeout: %s is not positive", f.policyPendingTimeout)
+	}
 	cidrs := []netip.Prefix(f.clusterCIDRs)
 	client, err := kube.NewClient(f.kubeconfig, "weft-agent/"+buildinfo.Version)
 	if err != nil {
@@ -126,7 +131,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	var pc *agent.PolicyController
 	if f.networkPolicy || f.cleanup {
 		pc = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, LogDrops: f.policyLogDrops, Resync: f.resync,
-			IPAMDataDir: f.dataDir, Log: log.With("component", "policy")})
+			IPAMDataDir: f.dataDir, Bridge: f.bridge, PendingTimeout: f.policyPendingTimeout, Log: log.With("component", "policy")})
 	}
 	if f.cleanup {
 		errs := []error{a.Cleanup(), pc.Cleanup()}

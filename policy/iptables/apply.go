@@ -67,6 +67,12 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 		fmt.Fprintf(&sb, "create %s %s family %s maxelem 1048576 -exist\nswap %s %s\ndestroy %s\n", s.Name, s.Type, fam.ipset(), tmp, s.Name, tmp)
 		st.Sets++
 	}
+	for _, s := range rs.External { // created, never flushed: another writer fills them
+		want[s.Name] = true
+		if _, ok := a.sets[s.Name]; !ok {
+			fmt.Fprintf(&sb, "create %s %s family %s maxelem 1048576 -exist\n", s.Name, s.Type, fam.ipset())
+		}
+	}
 	if sb.Len() > 0 {
 		if err := a.Runner.IPSetRestore([]byte(sb.String())); err != nil {
 			a.applied = false
@@ -74,6 +80,9 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 		}
 		for _, s := range rs.Sets {
 			a.sets[s.Name] = s.Members
+		}
+		for _, s := range rs.External {
+			a.sets[s.Name] = nil
 		}
 	}
 	// 2. Chains and jumps, one transaction. The kernel's filter table is

@@ -45,6 +45,10 @@ type Config struct {
 	// address of the pod on that port, as Sources say (see ChainSource).
 	PodPorts string
 	Sources  []Source
+	// PodBridges, when set, are the bridges the node's pods hang off:
+	// new pods are default-deny until the agent marks their addresses
+	// ready (see ChainPending).
+	PodBridges []string
 }
 
 // Ruleset is one node's policy state.
@@ -53,6 +57,9 @@ type Ruleset struct {
 	Sets   []Set   // sorted by name
 	Chains []Chain // in dependency order: sets' users after the dispatchers
 	Jumps  []Jump
+	// External are sets the rules match whose members another writer
+	// keeps (the ready set): created when missing, never rewritten.
+	External []Set
 }
 
 // Set is one ipset.
@@ -132,18 +139,27 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 		}
 	}
 	// The source check comes before the shortcut for established flows:
-	// a forged packet could belong to another pod's connection.
-	head := []string{"-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"}
+	// a forged packet could belong to another pod's connection. So does
+	// the pending check in FORWARD, not in INPUT (see ChainPending).
+	established := "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"
+	var head, fwdPending, inPending []string
 	if cfg.PodPorts != "" {
 		src, jump := sourceChain(fam, cfg)
 		rs.Chains = append(rs.Chains, src)
-		head = append([]string{jump}, head...)
+		head = append(head, jump)
+	}
+	if len(cfg.PodBridges) > 0 {
+		pending, ready := pendingChain(fam, cfg)
+		rs.Chains = append(rs.Chains, pending)
+		rs.External = append(rs.External, ready)
+		fwdPending = []string{"-j " + ChainPending}
+		inPending = fwdPending
 	}
 	rs.Chains = append(rs.Chains,
 		Chain{ChainIngress, ingress},
 		Chain{ChainEgress, egress},
-		Chain{ChainForward, slices.Concat(head, nd, []string{"-j " + ChainEgress, "-j " + ChainIngress})},
-		Chain{ChainInput, slices.Concat(head, nd, []string{"-j " + ChainEgress})},
+		Chain{ChainForward, slices.Concat(head, nd, fwdPending, []string{established, "-j " + ChainEgress, "-j " + ChainIngress})},
+		Chain{ChainInput, slices.Concat(head, nd, []string{established}, inPending, []string{"-j " + ChainEgress})},
 	)
 	return rs
 }

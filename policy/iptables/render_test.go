@@ -3,6 +3,7 @@ package iptables_test
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/weftnet/weft/policy"
 	polipt "github.com/weftnet/weft/policy/iptables"
 	nt "github.com/weftnet/weft/policy/netpoltest"
+	"github.com/weftnet/weft/policy/readyset"
 )
 
 func render(w *nt.World, node string, pols ...*networkingv1.NetworkPolicy) *polipt.Ruleset {
@@ -181,7 +183,7 @@ func TestRenderSourceCheck(t *testing.T) {
 		}
 		jump := "-m physdev --physdev-in weft+ -j " + polipt.ChainSource
 		for _, name := range []string{polipt.ChainForward, polipt.ChainInput} {
-			if len(chains[name]) < 2 || chains[name][0] != jump || !strings.Contains(chains[name][1], "ESTABLISHED") {
+			if len(chains[name]) < 2 || chains[name][0] != jump || ruleIndex(chains[name], "ESTABLISHED") < 1 {
 				t.Errorf("IPv%d %s = %q, want the source check first", family, name, chains[name])
 			}
 		}
@@ -199,5 +201,62 @@ func TestRenderSourceCheck(t *testing.T) {
 		if c.Name == polipt.ChainSource {
 			t.Error("source chain rendered without PodPorts")
 		}
+	}
+}
+
+func ruleIndex(rules []string, part string) int {
+	return slices.IndexFunc(rules, func(r string) bool { return strings.Contains(r, part) })
+}
+
+// New pods are default-deny: WEFT-POL-PENDING drops what goes to a pod
+// bridge for, or comes from a pod port with, an address not in the
+// family's ready set, which the ruleset asks to exist without filling it.
+// FORWARD checks before the shortcut for established flows, INPUT after
+// it (the node's probes are answered); neighbour discovery passes first.
+func TestRenderPending(t *testing.T) {
+	for _, family := range []int{4, 6} {
+		rs := polipt.Render(policy.Desired{}, polipt.Config{NodeName: "node1", Family: family, PodPorts: "weft+", PodBridges: []string{"weft0"}})
+		chains := map[string][]string{}
+		for _, c := range rs.Chains {
+			chains[c.Name] = c.Rules
+		}
+		ready := readyset.Name4
+		if family == 6 {
+			ready = readyset.Name6
+		}
+		if len(rs.External) != 1 || rs.External[0].Name != ready || rs.External[0].Type != "hash:ip" {
+			t.Errorf("IPv%d external sets %+v, want %s", family, rs.External, ready)
+		}
+		fwd, in := chains[polipt.ChainForward], chains[polipt.ChainInput]
+		jump := "-j " + polipt.ChainPending
+		if p, e := slices.Index(fwd, jump), ruleIndex(fwd, "ESTABLISHED"); p < 1 || p > e {
+			t.Errorf("IPv%d FORWARD %q: want the pending check after the source check and before ESTABLISHED", family, fwd)
+		}
+		if p, e := slices.Index(in, jump), ruleIndex(in, "ESTABLISHED"); p < e || e < 1 {
+			t.Errorf("IPv%d INPUT %q: want the pending check after ESTABLISHED", family, in)
+		}
+		if family == 6 {
+			for _, c := range [][]string{fwd, in} {
+				if nd := ruleIndex(c, "neighbour-advertisement"); nd < 0 || nd > slices.Index(c, jump) {
+					t.Errorf("IPv6 %q: neighbour discovery must pass before the pending check", c)
+				}
+			}
+		}
+		got := strings.Join(chains[polipt.ChainPending], "\n")
+		for _, want := range []string{
+			"-o weft0 -m set ! --match-set " + ready + " dst -m addrtype --dst-type UNICAST",
+			"-m physdev --physdev-in weft+ -m set ! --match-set " + ready + " src",
+		} {
+			if !strings.Contains(got, want) {
+				t.Errorf("IPv%d %s lacks %q:\n%s", family, polipt.ChainPending, want, got)
+			}
+		}
+		if family == 6 && !strings.HasPrefix(got, "-s fe80::/10 -j RETURN\n-d fe80::/10 -j RETURN") {
+			t.Errorf("IPv6 %s does not let link-local traffic through first:\n%s", polipt.ChainPending, got)
+		}
+	}
+	rs := polipt.Render(policy.Desired{}, polipt.Config{NodeName: "node1", PodPorts: "weft+"})
+	if len(rs.External) != 0 || slices.ContainsFunc(rs.Chains, func(c polipt.Chain) bool { return c.Name == polipt.ChainPending }) {
+		t.Error("pending check rendered without PodBridges")
 	}
 }

@@ -1,0 +1,203 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/weftnet/weft/ipam"
+	"github.com/weftnet/weft/policy"
+	"github.com/weftnet/weft/policy/readyset"
+)
+
+// New pods are default-deny until programmed (policy/iptables
+// ChainPending): the controller marks an attachment's addresses ready
+// (policy/readyset) once the chains covering its pod are applied. It ties
+// an attachment to its Pod by the pod the plugin recorded with the
+// allocation (CNI_ARGS), or by the addresses the API server reports; the
+// Pod object exists before its sandbox, so a new pod is programmed on the
+// first sync after its ADD. An attachment that stays unknown for
+// PendingTimeout is released as a pod no policy selects (counted in
+// weft_policy_pending_expired_total and logged).
+
+// DefaultPendingTimeout is the default bound on how long a new attachment
+// the agent cannot tie to a Pod stays default-deny.
+const DefaultPendingTimeout = 30 * time.Second
+
+// pendingState is what the sync loop remembers about attachments not
+// ready yet.
+type pendingState struct {
+	started bool                   // a sync has run: later attachments are new pods
+	first   map[ipam.Key]time.Time // when each attachment not ready yet was first seen
+	fresh   map[ipam.Key]bool      // first seen after the first sync: their wait is measured
+	timer   *time.Timer            // pokes the loop at the next bound
+}
+
+// covered are the attachments of this node whose pod the compiled state
+// includes with exactly the attachment's addresses.
+type covered map[ipam.Key][]netip.Addr
+
+// localPods returns the pods the compiler gets, with the pods of this
+// node's attachments given their attachments' addresses (the API server
+// reports them only later), and which attachments they cover.
+func (c *PolicyController) localPods(allocs []ipam.Allocation) ([]*corev1.Pod, covered) {
+	pods := make([]*corev1.Pod, 0, len(c.pods))
+	byRef := map[string][]netip.Addr{} // a pod whose sandbox was replaced may hold two attachments for a while
+	for _, al := range allocs {
+		if al.Pod == nil {
+			continue
+		}
+		if p := c.pods[al.Pod.Namespace+"/"+al.Pod.Name]; p != nil && (al.Pod.UID == "" || al.Pod.UID == string(p.UID)) {
+			byRef[al.Pod.Namespace+"/"+al.Pod.Name] = append(byRef[al.Pod.Namespace+"/"+al.Pod.Name], al.Addresses...)
+		}
+	}
+	cov := covered{}
+	for key, p := range c.pods {
+		if p.Spec.NodeName != c.opts.NodeName || p.Spec.HostNetwork {
+			pods = append(pods, p)
+			continue
+		}
+		if addrs := byRef[key]; len(addrs) > 0 {
+			p = withIPs(p, addrs)
+		}
+		pods = append(pods, p)
+		ips := policy.PodIPs(p)
+		for _, al := range allocs {
+			if len(al.Addresses) > 0 && !slices.ContainsFunc(al.Addresses, func(a netip.Addr) bool { return !slices.Contains(ips, a) }) {
+				cov[al.Key] = al.Addresses
+			}
+		}
+	}
+	return pods, cov
+}
+
+// withIPs is p with addrs as its addresses (a shallow copy: the compiler
+// only reads).
+func withIPs(p *corev1.Pod, addrs []netip.Addr) *corev1.Pod {
+	cp := *p
+	cp.Status.PodIPs = nil
+	for _, a := range addrs {
+		cp.Status.PodIPs = append(cp.Status.PodIPs, corev1.PodIP{IP: a.String()})
+	}
+	cp.Status.PodIP = cp.Status.PodIPs[0].IP
+	return &cp
+}
+
+// markReady puts the addresses of the attachments whose chains are applied
+// (cov), or whose bound has passed, in the ready sets, and takes out
+// addresses no attachment holds. It holds the IPAM lock (shared) while it
+// reads the allocations and writes the sets: the plugin revokes an address
+// it hands out anew under the same lock, so an address is never marked
+// ready for a pod other than the one now holding it. seen is when the
+// plugin's last save was noticed (zero: unknown).
+func (c *PolicyController) markReady(cov covered, v6 bool, seen time.Time) error {
+	store, err := allocationStore(c.opts.IPAMDataDir)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	if seen.IsZero() {
+		seen = now
+	}
+	ps := &c.pending
+	if ps.first == nil {
+		ps.first, ps.fresh = map[ipam.Key]time.Time{}, map[ipam.Key]bool{}
+	}
+	return store.View(func(st *ipam.State) error {
+		have, err := readyset.Members(readyset.Name4)
+		if err != nil {
+			return err
+		}
+		if v6 {
+			have6, err := readyset.Members(readyset.Name6)
+			if err != nil {
+				return err
+			}
+			for a := range have6 {
+				have[a] = true
+			}
+		}
+		allocated := map[netip.Addr]bool{}
+		live := map[ipam.Key]bool{}
+		var add []netip.Addr
+		var waiting []time.Time
+		for _, al := range st.Allocations {
+			live[al.Key] = true
+			for _, a := range al.Addresses {
+				allocated[a] = true
+			}
+			if !slices.ContainsFunc(al.Addresses, func(a netip.Addr) bool { return !have[a] }) {
+				delete(ps.first, al.Key) // ready (possibly by an earlier agent)
+				delete(ps.fresh, al.Key)
+				continue
+			}
+			first, ok := ps.first[al.Key]
+			if !ok {
+				first = seen
+				ps.first[al.Key] = first
+				ps.fresh[al.Key] = ps.started
+			}
+			switch {
+			case slices.Equal(cov[al.Key], al.Addresses):
+				if ps.fresh[al.Key] {
+					c.metrics.pendingSeconds.Observe(now.Sub(first).Seconds())
+				}
+			case now.Sub(first) >= c.opts.PendingTimeout:
+				c.metrics.pendingExpired.Inc()
+				c.opts.Log.Warn("new pod attachment not tied to a Pod within the bound: released as a pod no policy selects",
+					"container", al.ContainerID, "ifname", al.IfName, "pod", podRefString(al.Pod), "addresses", al.Addresses, "bound", c.opts.PendingTimeout)
+			default:
+				waiting = append(waiting, first)
+				continue
+			}
+			add = append(add, al.Addresses...)
+			delete(ps.first, al.Key)
+			delete(ps.fresh, al.Key)
+		}
+		for k := range ps.first {
+			if !live[k] {
+				delete(ps.first, k)
+				delete(ps.fresh, k)
+			}
+		}
+		var del []netip.Addr
+		for a := range have {
+			if !allocated[a] {
+				del = append(del, a)
+			}
+		}
+		if err := readyset.Add(add); err != nil {
+			return err
+		}
+		if err := readyset.Del(del); err != nil {
+			return err
+		}
+		ps.started = true
+		c.metrics.pending.Set(float64(len(waiting)))
+		c.armBound(waiting, now)
+		return nil
+	})
+}
+
+// armBound pokes the loop when the earliest of the waiting attachments
+// reaches the bound.
+func (c *PolicyController) armBound(waiting []time.Time, now time.Time) {
+	if c.pending.timer != nil {
+		c.pending.timer.Stop()
+	}
+	if len(waiting) == 0 {
+		return
+	}
+	earliest := slices.MinFunc(waiting, func(a, b time.Time) int { return a.Compare(b) })
+	c.pending.timer = time.AfterFunc(earliest.Add(c.opts.PendingTimeout).Sub(now), c.allocationsChanged)
+}
+
+func podRefString(r *ipam.PodRef) string {
+	if r == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s/%s", r.Namespace, r.Name)
+}
