@@ -2,6 +2,7 @@ package ebpf_test
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,8 +80,9 @@ func entries(t *testing.T, path string) int {
 }
 
 // TestForeignProgramsSurviveCleanup: programs and pins weft did not make
-// stay through syncs and cleanup; cleanup removes every program, link and
-// map weft made.
+// (on the cgroup and on the uplink) stay through syncs and cleanup;
+// cleanup removes every program, link and map weft made, on the cgroup
+// and on the devices.
 func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	n := proxytest.NewNode(t, backend, "a")
 	e := envs[t]
@@ -97,6 +99,22 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fl.Close()
+	// A foreign tc program on the uplink's ingress, beside weft's.
+	foreignTC, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreignTC.Close()
+	up, err := net.InterfaceByName(proxytest.Uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ftl, err := link.AttachTCX(link.TCXOptions{Interface: up.Index, Program: foreignTC, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ftl.Close()
 	foreignPin := filepath.Join(filepath.Dir(e.pin), "foreign_prog")
 	if err := foreign.Pin(foreignPin); err != nil {
 		t.Fatal(err)
@@ -109,6 +127,12 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	if got := attached(t, e.cgroup, ebpf.AttachCGroupInet4Connect); got != 2 {
 		t.Fatalf("%d connect4 programs on the cgroup, want the foreign one and weft's", got)
 	}
+	if got := tcxPrograms(t, proxytest.Uplink); len(got) != 2 {
+		t.Fatalf("tcx programs on the uplink: %v, want the foreign one and weft's", got)
+	}
+	if got := tcxPrograms(t, proxytest.Bridge); len(got) != 1 {
+		t.Fatalf("tcx programs on the pod bridge: %v, want weft's", got)
+	}
 	if r, err := proxytest.Get("", "", "http://10.96.0.10/"); err != nil || r.Pod != "a" {
 		t.Fatalf("service beside a foreign program: %+v %v", r, err)
 	}
@@ -117,6 +141,12 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	}
 	if got := attached(t, e.cgroup, ebpf.AttachCGroupInet4Connect); got != 1 {
 		t.Errorf("%d connect4 programs after cleanup, want only the foreign one", got)
+	}
+	if got := tcxPrograms(t, proxytest.Uplink); len(got) != 1 || got[0] != programID(t, foreignTC) {
+		t.Errorf("tcx programs on the uplink after cleanup: %v, want only the foreign one", got)
+	}
+	if got := tcxPrograms(t, proxytest.Bridge); len(got) != 0 {
+		t.Errorf("tcx programs on the pod bridge after cleanup: %v, want none", got)
 	}
 	for _, a := range []ebpf.AttachType{ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet4GetPeername} {
 		if got := attached(t, e.cgroup, a); got != 0 {
@@ -137,13 +167,42 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	}
 }
 
+// tcxPrograms are the ids of the tcx ingress programs of a device.
+func tcxPrograms(t *testing.T, dev string) []ebpf.ProgramID {
+	t.Helper()
+	ifi, err := net.InterfaceByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []ebpf.ProgramID
+	for _, p := range res.Programs {
+		ids = append(ids, p.ID)
+	}
+	return ids
+}
+
+func programID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
 // attached counts the programs of one attach type on a cgroup.
 func attached(t *testing.T, cgroup string, a ebpf.AttachType) int {
 	return len(programIDs(t, cgroup, a))
 }
 
 // TestRestartReadsMapsBack: a restarted backend swaps its programs into
-// the pinned links (one program per hook, no gap, no duplicate) and reads
+// the pinned links (one program per hook and per device, no gap, no
+// duplicate) and reads
 // the maps back, so its first full sync reuses every backend id.
 func TestRestartReadsMapsBack(t *testing.T) {
 	n := proxytest.NewNode(t, backend, "a", "b")
@@ -151,8 +210,12 @@ func TestRestartReadsMapsBack(t *testing.T) {
 	n.Slices = append(n.Slices, proxytest.Slice("web", n.Local("a"), n.Local("b")))
 	n.Sync()
 	before := programIDs(t, envs[t].cgroup, ebpf.AttachCGroupInet4Connect)
+	tcBefore := tcxPrograms(t, proxytest.Uplink)
 	n.Backend = n.NewBackend()
 	n.Sync()
+	if tcAfter := tcxPrograms(t, proxytest.Uplink); len(tcBefore) != 1 || len(tcAfter) != 1 || tcAfter[0] == tcBefore[0] {
+		t.Fatalf("tcx programs on the uplink %v before the restart, %v after: want one, replaced", tcBefore, tcAfter)
+	}
 	if st := n.Backend.(*weftebpf.Backend).LastStats(); st.Frontends != 2 || st.BackendsAdded != 0 || st.BackendsRemoved != 0 {
 		t.Fatalf("restarted backend's first sync: %+v, want both frontends rewritten with the backends read back", st)
 	}
