@@ -19,7 +19,7 @@ type Applier struct {
 
 type applied struct {
 	chains map[string][]string // name -> rules
-	sets   map[string]string   // name -> signature
+	sets   map[string]Set
 }
 
 // Stats describe one Apply.
@@ -69,12 +69,12 @@ func (a *Applier) Apply(ctx context.Context, rs *Ruleset, full bool) (Stats, err
 		a.applied = nil
 		return st, err
 	}
-	next := &applied{chains: map[string][]string{}, sets: map[string]string{}}
+	next := &applied{chains: map[string][]string{}, sets: map[string]Set{}}
 	for _, c := range rs.Chains {
 		next.chains[c.Name] = c.Rules
 	}
 	for _, s := range rs.Sets {
-		next.sets[s.Name] = s.signature()
+		next.sets[s.Name] = s
 	}
 	a.applied = next
 	return st, nil
@@ -215,7 +215,7 @@ func (a *Applier) partial(tx *knftables.Transaction, rs *Ruleset, st *Stats) {
 	for _, n := range sortedKeys(a.applied.sets) {
 		if !wantSet[n] {
 			st.Objects++
-			tx.Delete(&knftables.Set{Name: n}) // "delete set" removes maps too
+			tx.Delete(a.applied.sets[n].object())
 		}
 	}
 	for _, n := range sortedKeys(a.applied.chains) {

@@ -136,8 +136,6 @@ func (s Set) object() knftables.Object {
 	return &knftables.Map{Name: s.Name, TypeOf: s.Key + " : " + s.Value, Flags: s.Flags, Size: size}
 }
 
-func (s Set) signature() string { return fmt.Sprintf("%+v", s) }
-
 // Element is one desired element of a set or map.
 type Element struct {
 	Key, Value []string
