@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -56,7 +57,10 @@ func main() {
 	flag.BoolVar(&f.policyLogDrops, "policy-log-drops", false, "log packets dropped by NetworkPolicy (rate-limited kernel log)")
 	flag.DurationVar(&f.policyPendingTimeout, "policy-pending-timeout", agent.DefaultPendingTimeout, "how long a new pod the agent cannot tie to a Pod object stays default-deny before it is released as one no policy selects")
 	var px proxyFlags
-	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, or none to leave Services to another proxy")
+	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, ebpf, or none to leave Services to another proxy")
+	flag.StringVar(&px.cgroupRoot, "cgroup-root", "", "ebpf proxy mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
+	flag.StringVar(&px.bpfPinPath, "bpf-pin-path", "", "ebpf proxy mode: bpffs directory of weft's pinned maps and links (default /sys/fs/bpf/weft)")
+	flag.Func("bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)", px.bpfDevices.add)
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
@@ -92,13 +96,31 @@ type proxyFlags struct {
 	nodePortAddrs cliflag.Prefixes
 	masqAll       bool
 	minSync       time.Duration
+	cgroupRoot    string
+	bpfPinPath    string
+	bpfDevices    names
 }
 
-// config turns the flags into the proxy's configuration.
-func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) proxy.Config {
+// names is a list flag of link names.
+type names []string
+
+func (n *names) add(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			return fmt.Errorf("empty name in %q", v)
+		}
+		*n = append(*n, s)
+	}
+	return nil
+}
+
+// config turns the flags into the proxy's configuration; bridge is the
+// pods' bridge (the ebpf mode translates replies there).
+func (f proxyFlags) config(node string, cidrs []netip.Prefix, bridge string, log *slog.Logger) proxy.Config {
 	return proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
-		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy")}
+		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
+		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFPodDevices: []string{bridge}}
 }
 
 func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
@@ -124,7 +146,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	var p *proxy.Proxier
 	if px.mode != "none" {
 		var err error
-		if p, _, err = proxy.Build(px.config(node, cidrs, log)); err != nil {
+		if p, _, err = proxy.Build(px.config(node, cidrs, f.bridge, log)); err != nil {
 			return err
 		}
 	}
