@@ -17,7 +17,7 @@ export WEFT_CNI_PATH := $(CNI_BIN)
 # know, and a static Go binary starts ~0.6 ms faster (no dynamic loader).
 export CGO_ENABLED := 0
 
-.PHONY: all deps build kube coredns lab lab-down test test-unit bench lint clean generate bpf-check
+.PHONY: all deps build kube coredns lab lab-down test test-unit bench lint clean generate bpf-check image
 
 all: build
 
@@ -69,7 +69,13 @@ bpf-check:
 	done
 
 # Everything: pure, kernel (private network namespaces) and, later, lab tests.
-test: deps build kube lint bpf-check
+# weft's container image as an OCI archive, built without a container
+# engine: Debian's iptables/ipset/nftables/conntrack plus bin/ (see
+# docs/deploy.md; the Dockerfile builds the same for engines).
+image: build
+	$(GO) run ./hack/mkimage -bin $(BIN) -out $(BIN)/weft-image.oci.tar -version $(VERSION)
+
+test: deps build kube lint bpf-check image
 	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 20m ./...
 
 # Pure tests only: no root, no kernel.
