@@ -68,13 +68,13 @@ bpf-check:
 		cmp -s "$$out/$$f" proxy/ebpf/$$f || { echo "proxy/ebpf/$$f does not match its source: run make generate"; exit 1; }; \
 	done
 
-# Everything: pure, kernel (private network namespaces) and, later, lab tests.
 # weft's container image as an OCI archive, built without a container
 # engine: Debian's iptables/ipset/nftables/conntrack plus bin/ (see
 # docs/deploy.md; the Dockerfile builds the same for engines).
 image: build
 	$(GO) run ./hack/mkimage -bin $(BIN) -out $(BIN)/weft-image.oci.tar -version $(VERSION)
 
+# Everything: pure, kernel (private network namespaces), image and lab tests.
 test: deps build kube lint bpf-check image
 	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 20m ./...
 
