@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -60,7 +59,7 @@ func main() {
 	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, ebpf, or none to leave Services to another proxy")
 	flag.StringVar(&px.cgroupRoot, "cgroup-root", "", "ebpf proxy mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&px.bpfPinPath, "bpf-pin-path", "", "ebpf proxy mode: bpffs directory of weft's pinned maps and links (default /sys/fs/bpf/weft)")
-	flag.Func("bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)", px.bpfDevices.add)
+	flag.Var(&px.bpfDevices, "bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
@@ -98,20 +97,7 @@ type proxyFlags struct {
 	minSync       time.Duration
 	cgroupRoot    string
 	bpfPinPath    string
-	bpfDevices    names
-}
-
-// names is a list flag of link names.
-type names []string
-
-func (n *names) add(v string) error {
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			return fmt.Errorf("empty name in %q", v)
-		}
-		*n = append(*n, s)
-	}
-	return nil
+	bpfDevices    cliflag.Names
 }
 
 // config turns the flags into the proxy's configuration; bridge is the

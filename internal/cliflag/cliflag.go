@@ -1,5 +1,5 @@
 // Package cliflag holds the flag types weft's commands share: repeatable,
-// comma-separable lists of addresses and CIDRs, parsed (and rejected with
+// comma-separable lists of addresses, CIDRs and names, parsed (and rejected with
 // the flag's name) when the command line is read.
 package cliflag
 
@@ -39,6 +39,17 @@ func (p *Prefixes) Set(v string) error {
 		}
 		*p = append(*p, pfx.Masked())
 	}
+	return nil
+}
+
+// Names is a repeatable, comma-separable list of names (e.g. links).
+type Names []string
+
+func (n *Names) String() string { return strings.Join(*n, ",") }
+
+// Set appends each name of v.
+func (n *Names) Set(v string) error {
+	*n = append(*n, split(v)...)
 	return nil
 }
 
