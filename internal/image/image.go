@@ -113,12 +113,15 @@ func Fetch(ctx context.Context, cacheDir string) ([]string, error) {
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, "apt-get", append([]string{"download", "-q"}, pkgs...)...)
-	cmd.Dir = cacheDir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("apt-get download: %w: %s", err, stderr.String())
+	// Package lists older than the mirror name files it no longer has:
+	// refresh them once and retry.
+	if err := aptDownload(ctx, cacheDir, pkgs); err != nil {
+		if out, uerr := exec.CommandContext(ctx, "apt-get", "update", "-qq").CombinedOutput(); uerr != nil {
+			return nil, fmt.Errorf("%w (and apt-get update: %v: %s)", err, uerr, out)
+		}
+		if err := aptDownload(ctx, cacheDir, pkgs); err != nil {
+			return nil, err
+		}
 	}
 	var debs []string
 	for _, p := range pkgs {
@@ -130,6 +133,17 @@ func Fetch(ctx context.Context, cacheDir string) ([]string, error) {
 		debs = append(debs, m[len(m)-1])
 	}
 	return debs, nil
+}
+
+func aptDownload(ctx context.Context, dir string, pkgs []string) error {
+	cmd := exec.CommandContext(ctx, "apt-get", append([]string{"download", "-q"}, pkgs...)...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("apt-get download: %w: %s", err, stderr.String())
+	}
+	return nil
 }
 
 func uniq(s []string) []string {
