@@ -4,10 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -15,7 +14,7 @@ import (
 )
 
 // Add wires one pod attachment: addresses, veth pair, bridge port, routes.
-func Add(args *skel.CmdArgs) error {
+func Add(args *CmdArgs) error {
 	tr := newTracer("ADD")
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
@@ -76,15 +75,17 @@ func Add(args *skel.CmdArgs) error {
 		return err
 	}
 	tr.mark("netlink")
-	err = types.PrintResult(result, cfg.CNIVersion)
+	if perr := result.print(os.Stdout, cfg.CNIVersion); perr != nil {
+		return perr
+	}
 	tr.mark("result")
 	tr.print()
-	return err
+	return nil
 }
 
 // wire does the kernel work of ADD and builds the result. It reports whether
 // it created the veth pair, so that a failure removes only what ADD made.
-func wire(cfg *Config, args *skel.CmdArgs, pod *podNS, leases []ipam.Lease) (_ *current.Result, vethCreated bool, err error) {
+func wire(cfg *Config, args *CmdArgs, pod *podNS, leases []ipam.Lease) (_ *Result, vethCreated bool, err error) {
 	mtu := cfg.MTU
 	if mtu == 0 {
 		mtu = defaultMTU()
@@ -132,9 +133,8 @@ func wire(cfg *Config, args *skel.CmdArgs, pod *podNS, leases []ipam.Lease) (_ *
 		return nil, vethCreated, err
 	}
 
-	result := &current.Result{
-		CNIVersion: current.ImplementedSpecVersion,
-		Interfaces: []*current.Interface{
+	result := &Result{
+		Interfaces: []*Interface{
 			{Name: br.Name, Mac: br.HardwareAddr.String()},
 			{Name: hostName, Mac: hostLink.Attrs().HardwareAddr.String()},
 			{Name: args.IfName, Mac: podLink.Attrs().HardwareAddr.String(), Mtu: mtu, Sandbox: args.Netns},
@@ -143,9 +143,9 @@ func wire(cfg *Config, args *skel.CmdArgs, pod *podNS, leases []ipam.Lease) (_ *
 	}
 	podIndex := 2
 	for _, l := range leases {
-		result.IPs = append(result.IPs, &current.IPConfig{
+		result.IPs = append(result.IPs, &IPConfig{
 			Interface: &podIndex,
-			Address:   *ipNet(l.Address),
+			Address:   types.IPNet(*ipNet(l.Address)),
 			Gateway:   net.IP(l.Gateway.AsSlice()),
 		})
 		result.Routes = append(result.Routes, defaultRoute(l))

@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
 	"github.com/weftnet/weft/internal/nlutil"
@@ -14,17 +12,14 @@ import (
 )
 
 // Check verifies that the attachment still looks as ADD left it.
-func Check(args *skel.CmdArgs) error {
+func Check(args *CmdArgs) error {
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return err
 	}
-	if cfg.PrevResult == nil {
+	prev := cfg.Prev
+	if prev == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "prevResult: required for CHECK", "")
-	}
-	prev, err := current.GetResult(cfg.PrevResult)
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "prevResult: cannot be converted to 1.1.0", err.Error())
 	}
 	if err := checkAllocation(cfg, args, prev); err != nil {
 		return err
@@ -40,7 +35,7 @@ func Check(args *skel.CmdArgs) error {
 	return checkPod(pod, args.IfName, prev)
 }
 
-func checkAllocation(cfg *Config, args *skel.CmdArgs, prev *current.Result) error {
+func checkAllocation(cfg *Config, args *CmdArgs, prev *Result) error {
 	store, err := openStore(cfg)
 	if err != nil {
 		return err
@@ -82,7 +77,7 @@ func checkHostVeth(cfg *Config, name string) error {
 	return nil
 }
 
-func checkPod(pod *podNS, ifName string, prev *current.Result) error {
+func checkPod(pod *podNS, ifName string, prev *Result) error {
 	h := pod.handle
 	idx := -1
 	for i, iface := range prev.Interfaces {
@@ -111,8 +106,9 @@ func checkPod(pod *podNS, ifName string, prev *current.Result) error {
 		if ipc.Interface == nil || *ipc.Interface != idx {
 			continue
 		}
-		if !hasAddr(addrs, &ipc.Address) {
-			return fmt.Errorf("address %s is missing from %s in the pod", ipc.Address.String(), ifName)
+		want := (*net.IPNet)(&ipc.Address)
+		if !hasAddr(addrs, want) {
+			return fmt.Errorf("address %s is missing from %s in the pod", want, ifName)
 		}
 	}
 	routes, err := nlutil.Dump("routes in the pod", func() ([]netlink.Route, error) { return h.RouteList(link, netlink.FAMILY_ALL) })
@@ -127,7 +123,7 @@ func checkPod(pod *podNS, ifName string, prev *current.Result) error {
 	return nil
 }
 
-func prevHasIP(prev *current.Result, want *net.IPNet) bool {
+func prevHasIP(prev *Result, want *net.IPNet) bool {
 	for _, ipc := range prev.IPs {
 		if ipc.Address.IP.Equal(want.IP) && ipc.Address.Mask.String() == want.Mask.String() {
 			return true

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/weftnet/weft/ipam"
 )
@@ -63,6 +62,8 @@ type Config struct {
 	NetConf
 	Pool    *ipam.Pool
 	Hairpin bool
+	// Prev is the decoded prevResult (CHECK), nil if none was passed.
+	Prev *Result
 }
 
 // errInvalidConfig builds a spec error (code 7) whose message names the field.
@@ -77,8 +78,10 @@ func ParseConfig(stdin []byte) (*Config, error) {
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, "decoding network configuration from stdin", err.Error())
 	}
+	var prev *Result
 	if nc.RawPrevResult != nil {
-		if err := version.ParsePrevResult(&nc.PluginConf); err != nil {
+		var err error
+		if prev, err = parsePrevResult(nc.RawPrevResult); err != nil {
 			return nil, types.NewError(types.ErrDecodingFailure, "prevResult: cannot be parsed", err.Error())
 		}
 	}
@@ -113,7 +116,7 @@ func ParseConfig(stdin []byte) (*Config, error) {
 			return nil, errInvalidConfig(fmt.Sprintf("ipam.routes[%d].dst", i), "missing destination", "")
 		}
 	}
-	cfg := &Config{NetConf: nc, Pool: pool, Hairpin: true}
+	cfg := &Config{NetConf: nc, Pool: pool, Hairpin: true, Prev: prev}
 	if nc.HairpinMode != nil {
 		cfg.Hairpin = *nc.HairpinMode
 	}

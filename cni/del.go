@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -23,7 +22,7 @@ import (
 // kernel's slow part of deleting the pair (15-30 ms of RCU waits) happens
 // in the reaper, after DEL. DEL never needs the pod namespace: with the
 // namespace already gone, the kernel is destroying the pair, or has.
-func Del(args *skel.CmdArgs) error {
+func Del(args *CmdArgs) error {
 	tr := newTracer("DEL")
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 
@@ -17,7 +16,7 @@ const ErrPluginNotAvailable uint = 50
 
 // Status reports whether the plugin can serve an ADD now: its state must be
 // readable and every range set must have a free address.
-func Status(args *skel.CmdArgs) error {
+func Status(args *CmdArgs) error {
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return err
@@ -45,7 +44,7 @@ func Status(args *skel.CmdArgs) error {
 // GC releases every allocation, and removes every host-side veth on the
 // bridge, that does not belong to an attachment in cni.dev/valid-attachments.
 // It works from the plugin's own state, not from the runtime's cache.
-func GC(args *skel.CmdArgs) error {
+func GC(args *CmdArgs) error {
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return err

@@ -8,9 +8,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
-
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/buildinfo"
 )
@@ -28,11 +25,11 @@ func main() {
 		}
 		return
 	}
-	skel.PluginMainFuncs(skel.CNIFuncs{
+	cni.PluginMain(cni.Commands{
 		Add:    cni.Add,
 		Del:    cni.Del,
 		Check:  cni.Check,
 		GC:     cni.GC,
 		Status: cni.Status,
-	}, version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "weft CNI plugin "+buildinfo.Version)
+	}, "weft CNI plugin "+buildinfo.Version)
 }
