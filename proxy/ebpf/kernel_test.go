@@ -5,14 +5,19 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/weftnet/weft/proxy"
 	weftebpf "github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/proxytest"
 )
@@ -267,4 +272,101 @@ func TestDump(t *testing.T) {
 			t.Errorf("dump lacks %q:\n%s", want, out.String())
 		}
 	}
+}
+
+// TestLegacyTC: without tcx (forced with Config.TCLegacy) the per-packet
+// programs run as cls_bpf filters on a clsact qdisc. NodePort traffic
+// from outside is translated behind a foreign filter that runs first; a
+// restarted backend replaces weft's filters in place (one per device);
+// cleanup removes weft's filters and leaves the foreign one.
+func TestLegacyTC(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a")
+	e := envs[t]
+	newLegacy := func() proxy.Backend {
+		b, err := weftebpf.New(weftebpf.Config{NodeName: proxytest.NodeName, NodePortIPs: n.Config.NodePortIPs(),
+			CgroupRoot: e.cgroup, PinPath: e.pin, PodDevices: []string{proxytest.Bridge}, TCLegacy: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	n.Backend = newLegacy() // the table's backend never synced: nothing of it to clean
+	up, err := netlink.LinkByName(proxytest.Uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}}) // TC_ACT_UNSPEC: next filter
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	if err := netlink.QdiscReplace(&netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: up.Attrs().Index,
+		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: up.Attrs().Index,
+		Parent: netlink.HANDLE_MIN_INGRESS, Handle: 1, Priority: 1, Protocol: unix.ETH_P_ALL},
+		Fd: foreign.FD(), Name: "foreign", DirectAction: true}); err != nil {
+		t.Fatal(err)
+	}
+	n.Svcs = []*corev1.Service{proxytest.Service("np", "10.96.0.11", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30080
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("np", n.Local("a"))}
+	get := func(when string) {
+		t.Helper()
+		r, err := outsideGet(n.Ext, "", "http://"+proxytest.NodeIP+":30080/")
+		if err != nil || r.Pod != "a" || !strings.HasPrefix(r.Client, "10.244.1.") {
+			t.Fatalf("%s: %+v %v, want a seeing the node's bridge address", when, r, err)
+		}
+	}
+	want := map[string][]string{proxytest.Uplink: {"foreign", "weft_nodeport"}, proxytest.Bridge: {"weft_reply"}}
+	n.Sync()
+	get("NodePort from outside")
+	for dev, names := range want {
+		if got := filterNames(t, dev); !slices.Equal(got, names) {
+			t.Fatalf("filters on %s: %v, want %v", dev, got, names)
+		}
+	}
+	n.Backend = newLegacy()
+	n.Sync()
+	get("after a restart")
+	for dev, names := range want {
+		if got := filterNames(t, dev); !slices.Equal(got, names) {
+			t.Fatalf("filters on %s after a restart: %v, want %v", dev, got, names)
+		}
+	}
+	if err := n.Backend.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := filterNames(t, proxytest.Uplink); !slices.Equal(got, []string{"foreign"}) {
+		t.Errorf("filters on the uplink after cleanup: %v, want the foreign one", got)
+	}
+	if got := filterNames(t, proxytest.Bridge); len(got) != 0 {
+		t.Errorf("filters on the bridge after cleanup: %v, want none", got)
+	}
+}
+
+// filterNames are the names of the cls_bpf filters on a device's clsact
+// ingress, in priority order.
+func filterNames(t *testing.T, dev string) []string {
+	t.Helper()
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filters, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		return nil // no clsact qdisc
+	}
+	slices.SortFunc(filters, func(a, b netlink.Filter) int { return int(a.Attrs().Priority) - int(b.Attrs().Priority) })
+	var names []string
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok {
+			names = append(names, strings.SplitN(bf.Name, ":", 2)[0])
+		}
+	}
+	return names
 }
