@@ -98,6 +98,42 @@ func Probe(cfg Config) error {
 			return lacks(h.what, err)
 		}
 	}
+	return probeFibSrc()
+}
+
+// probeFibSrc runs bpf_fib_lookup with BPF_FIB_LOOKUP_SRC (Linux >= 6.8),
+// which the per-packet program uses to pick the node's address toward a
+// backend: a kernel without the flag rejects it with EINVAL before
+// looking anything up.
+func probeFibSrc() error {
+	const fibLookupSkipNeigh, fibLookupSrc = 1 << 2, 1 << 4
+	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1), asm.Mov.Imm(asm.R0, 0)}
+	for off := int16(-64); off < 0; off += 8 {
+		insns = append(insns, asm.StoreMem(asm.RFP, off, asm.R0, asm.DWord))
+	}
+	insns = append(insns,
+		asm.Mov.Imm(asm.R0, unix.AF_INET),
+		asm.StoreMem(asm.RFP, -64, asm.R0, asm.Byte), // family
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -64),
+		asm.Mov.Imm(asm.R3, 64),
+		asm.Mov.Imm(asm.R4, fibLookupSkipNeigh|fibLookupSrc),
+		asm.FnFibLookup.Call(),
+		asm.Return(),
+	)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "Dual BSD/GPL", Instructions: insns})
+	if err != nil {
+		return fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
+	}
+	defer prog.Close()
+	ret, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+	if err != nil {
+		return fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
+	}
+	if int32(ret) == -int32(unix.EINVAL) {
+		return fmt.Errorf("ebpf mode: the kernel lacks BPF_FIB_LOOKUP_SRC (Linux >= 6.8), to pick the node's address for SNAT: %w", ebpf.ErrNotSupported)
+	}
 	return nil
 }
 
