@@ -40,10 +40,7 @@ func NewWith(cfg Config, nft knftables.Interface) *Backend {
 // weft's table.
 func Check(ctx context.Context, nft knftables.Interface, cfg Config) error {
 	tx := nft.NewTransaction()
-	a := &Applier{NFT: nft}
-	if err := a.full(ctx, tx, Render(cfg, model.State{}), &Stats{}, true); err != nil {
-		return err
-	}
+	fresh(tx, Render(cfg, model.State{}), &Stats{}, &applied{chains: map[string][]string{}})
 	if err := nft.Check(ctx, tx); err != nil {
 		return fmt.Errorf("nftables mode: the kernel refused table inet %s (it needs nf_tables with inet nat, fib, numgen, "+
 			"concatenated and dynamic sets; Linux 5.13 or later): %w", TableName, err)

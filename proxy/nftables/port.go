@@ -38,7 +38,7 @@ type frontendOut struct {
 	// backends are the addresses (ip . port) the frontend's lists DNAT to:
 	// the affinity entries still valid for it.
 	backends map[string]bool
-	affinity bool
+	affinity int // ClientIP affinity seconds, 0 without
 }
 
 // portOut is what one service port renders: its frontends (in order) and
@@ -109,7 +109,7 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 			w.elems = append(w.elems, elem{set: name("reject", fam), key: fe.key()})
 		}
 		if sp.AffinitySeconds > 0 {
-			w.affinity = true
+			w.affinity = sp.AffinitySeconds
 			w.elems = append(w.elems, elem{set: affinitySet(fam, sp.AffinitySeconds), key: fe.key()})
 		}
 	}

@@ -147,12 +147,12 @@ func (r *Renderer) resolve(fe frontend) {
 		for _, e := range now.elems {
 			r.put(e)
 		}
-		if now.affinity {
+		if now.affinity > 0 {
 			r.affinity[key] = now
 		}
 	}
-	if was != nil && was.affinity {
-		if now == nil || !now.affinity {
+	if was != nil && was.affinity > 0 {
+		if now == nil || now.affinity != was.affinity {
 			r.stale = true
 		}
 		for b := range was.backends {
@@ -166,14 +166,15 @@ func compareNames(a, b model.ServicePortName) int {
 		cmp.Compare(a.Protocol, b.Protocol))
 }
 
-// affinityValid: an affinity entry (client . frontend -> backend) may stay
-// while the frontend has affinity and the backend is one of its endpoints.
-func (r *Renderer) affinityValid(_ string, key, value []string) bool {
+// affinityValid: an entry (client . frontend -> backend) of the client map
+// of timeout seconds may stay while the frontend has affinity with that
+// timeout and the backend is one of its endpoints.
+func (r *Renderer) affinityValid(seconds int, key, value []string) bool {
 	if len(key) != 4 {
 		return false
 	}
 	fo := r.affinity[strings.Join(key[1:], " . ")]
-	return fo != nil && fo.backends[strings.Join(value, " . ")]
+	return fo != nil && fo.affinity == seconds && fo.backends[strings.Join(value, " . ")]
 }
 
 func (r *Renderer) put(e elem) {

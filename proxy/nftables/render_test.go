@@ -318,3 +318,13 @@ func TestFailedSyncIsFollowedByAFullOne(t *testing.T) {
 	}
 	sameTable(t, "after recovery", dump(t, s.state()), f.Dump())
 }
+
+// TestMissingNFT: without the nft tool the backend fails at start, saying
+// what it needs.
+func TestMissingNFT(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := nftables.New(nodeConfig())
+	if err == nil || !strings.Contains(err.Error(), "needs the nft tool") {
+		t.Fatalf("got %v, want an error naming nft", err)
+	}
+}

@@ -24,7 +24,7 @@ const presetCounts = 16
 // timeouts get theirs while a Service uses them.
 const defaultAffinitySeconds = model.DefaultAffinitySeconds
 
-// affinityEntries bounds the affinity map of one family (clients times
+// affinityEntries bounds a client map of ClientIP affinity (clients times
 // frontends remembered at once).
 const affinityEntries = 1 << 20
 
@@ -89,13 +89,18 @@ func lbMap(cluster bool, fam, n int) string {
 }
 
 // affinitySet holds the IPv4 frontends with ClientIP affinity of that
-// timeout, or all IPv6 frontends with affinity (see hashedAffinity).
+// timeout, or all IPv6 frontends with affinity (see hashedAffinity). The
+// clients of each are in the dynamic map clientsMap(fam, seconds).
 func affinitySet(fam, seconds int) string {
 	if hashedAffinity(fam) {
 		return name("affinity", fam)
 	}
 	return fmt.Sprintf("%s-%d", name("affinity", fam), seconds)
 }
+
+// clientsMap is the dynamic map client . frontend -> endpoint of the IPv4
+// frontends with affinity of that timeout.
+func clientsMap(fam, seconds int) string { return fmt.Sprintf("%s-%d", name("clients", fam), seconds) }
 
 // hashedAffinity: IPv6 ClientIP affinity picks the endpoint by a hash of
 // the client address instead of from a dynamic map with a timeout. nft
@@ -117,12 +122,14 @@ type Chain struct {
 
 // Set is a set (Value empty) or a data map of the table.
 type Set struct {
-	Name    string
-	Key     string // typeof of the key
-	Value   string // typeof of the value, maps only
-	Flags   []knftables.SetFlag
-	Size    uint64
-	Dynamic bool // written by the packet path; its elements are not weft's to rewrite
+	Name  string
+	Key   string // typeof of the key
+	Value string // typeof of the value, maps only
+	Flags []knftables.SetFlag
+	Size  uint64
+	// Timeout is set on the dynamic client maps of ClientIP affinity:
+	// written by the packet path, their elements are not weft's to rewrite.
+	Timeout int
 }
 
 func (s Set) object() knftables.Object {
@@ -163,15 +170,13 @@ type Ruleset struct {
 	// since the previous ruleset: affinity entries may point where they
 	// must no longer go.
 	AffinityStale bool
-	// affinityValid tells whether an affinity entry (map, key, value) may
-	// stay.
-	affinityValid func(set string, key, value []string) bool
+	affinityValid func(seconds int, key, value []string) bool
 }
 
-// AffinityValid reports whether the affinity entry of map set, key
-// (client . frontend) and value (backend) may stay.
-func (rs *Ruleset) AffinityValid(set string, key, value []string) bool {
-	return rs.affinityValid(set, key, value)
+// AffinityValid reports whether an entry of the client map of a timeout,
+// key (client . frontend) and value (endpoint), may stay.
+func (rs *Ruleset) AffinityValid(seconds int, key, value []string) bool {
+	return rs.affinityValid(seconds, key, value)
 }
 
 // familyWords are a family's nft words.
@@ -204,12 +209,11 @@ func sets(cfg Config, counts map[int][]int, timeouts map[int][]int) []Set {
 			Set{Name: name("hairpin", fam), Key: w.ip + " saddr . " + w.ip + " daddr"})
 		if hashedAffinity(fam) {
 			out = append(out, Set{Name: name("affinity", fam), Key: fe})
-		} else {
-			out = append(out, Set{Name: name("affinity", fam), Key: w.ip + " saddr . " + fe, Value: dest, Size: affinityEntries,
-				Dynamic: true, Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}})
 		}
 		for _, t := range timeouts[fam] {
-			out = append(out, Set{Name: affinitySet(fam, t), Key: fe})
+			out = append(out, Set{Name: affinitySet(fam, t), Key: fe},
+				Set{Name: clientsMap(fam, t), Key: w.ip + " saddr . " + fe, Value: dest, Size: affinityEntries, Timeout: t,
+					Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}})
 		}
 		for _, n := range counts[fam] {
 			for _, cluster := range []bool{false, true} {
@@ -236,7 +240,12 @@ func chains(cfg Config, counts map[int][]int, timeouts map[int][]int) []*Chain {
 		base("filter-output", knftables.FilterType, knftables.OutputHook, knftables.FilterPriority, "ct state new jump reject-services"),
 	}
 	services := &Chain{Name: "services"}
-	masq := &Chain{Name: "masquerading"}
+	masq := &Chain{Name: "masquerading", Rules: []string{"jump affinity-record"}}
+	// The affinity chains and the load-balancing ones hold rules whose
+	// order does not matter: rules for a new timeout or endpoint count are
+	// appended (see Applier).
+	lookup := &Chain{Name: "affinity-lookup"}
+	record := &Chain{Name: "affinity-record"}
 	reject := &Chain{Name: "reject-services"}
 	var lbs []*Chain
 	for _, fam := range cfg.families() {
@@ -256,7 +265,10 @@ func chains(cfg Config, counts map[int][]int, timeouts map[int][]int) []*Chain {
 			on("external")+" "+mark,
 			on("external-local")+" fib saddr type local "+mark)
 		if !hashedAffinity(fam) {
-			services.Rules = append(services.Rules, fmt.Sprintf("%s dnat %s to %s saddr . %s map @%s", l4, w.ip, w.ip, fe, name("affinity", fam)))
+			services.Rules = append(services.Rules, fmt.Sprintf("meta nfproto %s jump affinity-lookup", w.nfproto))
+		}
+		for _, t := range timeouts[fam] {
+			lookup.Rules = append(lookup.Rules, fmt.Sprintf("%s dnat %s to %s saddr . %s map @%s", l4, w.ip, w.ip, fe, clientsMap(fam, t)))
 		}
 		if len(cidrs) > 0 {
 			services.Rules = append(services.Rules,
@@ -282,9 +294,9 @@ func chains(cfg Config, counts map[int][]int, timeouts map[int][]int) []*Chain {
 		for _, t := range timeouts[fam] {
 			for _, p := range []string{"tcp", "udp", "sctp"} {
 				orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", w.ip)
-				masq.Rules = append(masq.Rules, fmt.Sprintf(
+				record.Rules = append(record.Rules, fmt.Sprintf(
 					"ct status dnat meta l4proto %s %s @%s update @%s { %s saddr . %s timeout %ds : %s daddr . th dport }",
-					p, orig, affinitySet(fam, t), name("affinity", fam), w.ip, orig, t, w.ip))
+					p, orig, affinitySet(fam, t), clientsMap(fam, t), w.ip, orig, t, w.ip))
 			}
 		}
 		masq.Rules = append(masq.Rules, fmt.Sprintf("ct status dnat %s saddr . %s daddr @%s %s", w.ip, w.ip, name("hairpin", fam), mark))
@@ -295,7 +307,7 @@ func chains(cfg Config, counts map[int][]int, timeouts map[int][]int) []*Chain {
 		fmt.Sprintf("meta mark & %#x == 0 return", m),
 		fmt.Sprintf("meta mark set meta mark ^ %#x", m),
 		"masquerade fully-random")
-	out = append(out, services, masq, reject)
+	out = append(out, services, masq, reject, lookup, record)
 	return append(out, lbs...)
 }
 

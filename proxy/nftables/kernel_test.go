@@ -1,0 +1,142 @@
+package nftables_test
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weftnet/weft/proxy/nftables"
+	"github.com/weftnet/weft/proxy/proxytest"
+)
+
+func nft(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("nft", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft %v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+// TestEndpointChangeInTheKernel: an endpoint change is a partial sync of
+// element writes only, and traffic follows it at once.
+func TestEndpointChangeInTheKernel(t *testing.T) {
+	n, b := newNode(t, "a", "b")
+	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("web", n.Local("a"))}
+	n.Sync()
+	if !b.LastStats.Full {
+		t.Fatalf("first sync: %+v, want full", b.LastStats)
+	}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("web", n.Local("b"))}
+	n.Sync()
+	if st := b.LastStats; st.Full || st.Rules != 0 || st.Objects != 0 || st.ElementAdds == 0 {
+		t.Fatalf("endpoint change: %+v, want a partial sync of element writes", st)
+	}
+	for range 5 {
+		if r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.0.10/"); err != nil || r.Pod != "b" {
+			t.Fatalf("after the change: %+v %v, want b", r, err)
+		}
+	}
+}
+
+// TestAffinitySurvivesRestart: a restarted proxy's full sync rewrites the
+// table in place and keeps the ClientIP affinity entries, so a client
+// stays on its endpoint.
+func TestAffinitySurvivesRestart(t *testing.T) {
+	n, _ := newNode(t, "a", "b", "c")
+	n.Svcs = []*corev1.Service{proxytest.Service("sticky", "10.96.0.15", func(s *corev1.Service) {
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("sticky", n.Local("a"), n.Local("b"), n.Local("c"))}
+	n.Sync()
+	r, err := proxytest.Get(n.Pods["b"].NS, "", "http://10.96.0.15/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := r.Pod
+	n.Backend = n.NewBackend()
+	n.Sync()
+	if st := n.Backend.(*nftables.Backend).LastStats; !st.Full || st.Recreated || st.Rules != 0 || st.AffinityPurged != 0 {
+		t.Fatalf("restart sync: %+v, want a full sync in place that writes no rule and purges nothing", st)
+	}
+	for i := range 10 {
+		if r, err := proxytest.Get(n.Pods["b"].NS, "", "http://10.96.0.15/"); err != nil || r.Pod != first {
+			t.Fatalf("request %d after the restart: %+v %v, want %s", i, r, err, first)
+		}
+	}
+}
+
+// TestCleanupTouchesNoOtherTable: syncs and --cleanup leave other tables
+// (a firewall's, say) alone, and cleanup leaves nothing of weft's.
+func TestCleanupTouchesNoOtherTable(t *testing.T) {
+	n, b := newNode(t, "a")
+	nft(t, "add", "table", "inet", "firewall")
+	t.Cleanup(func() { _ = exec.Command("nft", "delete", "table", "inet", "firewall").Run() })
+	nft(t, "add", "chain", "inet", "firewall", "input", "{ type filter hook input priority 0 ; }")
+	nft(t, "add", "rule", "inet", "firewall", "input", "ip saddr 198.51.100.2 drop")
+	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("web", n.Local("a"))}
+	n.Sync()
+	if err := b.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cleanup(); err != nil {
+		t.Fatalf("a second cleanup: %v", err)
+	}
+	out := nft(t, "list", "ruleset")
+	if !strings.Contains(out, "ip saddr 198.51.100.2 drop") {
+		t.Errorf("the firewall's rule is gone:\n%s", out)
+	}
+	if strings.Contains(out, "table inet "+nftables.TableName+" ") {
+		t.Errorf("weft's table left after cleanup:\n%s", out)
+	}
+}
+
+// TestNewCountAndTimeoutInTheKernel: a Service with more endpoints than
+// the preset maps, or a new affinity timeout, brings its maps and rules in
+// a partial sync, and takes them away again, without disturbing the rest.
+func TestNewCountAndTimeoutInTheKernel(t *testing.T) {
+	n, b := newNode(t, "a")
+	var many []proxytest.Endpoint
+	for i := range 20 {
+		many = append(many, proxytest.Endpoint{IP: fmt.Sprintf("10.244.2.%d", 10+i), Node: proxytest.OtherNode})
+	}
+	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("web", n.Local("a"))}
+	n.Sync()
+	n.Svcs = append(n.Svcs, proxytest.Service("big", "10.96.0.11", nil), proxytest.Service("short", "10.96.0.12", func(s *corev1.Service) {
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		sec := int32(30)
+		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &sec}}
+	}))
+	n.Slices = append(n.Slices, proxytest.Slice("big", many...), proxytest.Slice("short", n.Local("a")))
+	n.Sync()
+	if st := b.LastStats; st.Full || st.Rules == 0 || st.Objects == 0 {
+		t.Fatalf("adding a 20-endpoint Service and a 30 s affinity: %+v, want a partial sync adding maps and rules", st)
+	}
+	out := nft(t, "list", "chain", "inet", nftables.TableName, "lb4")
+	if !strings.Contains(out, "numgen random mod 20 map @lb4-20") {
+		t.Fatalf("no rule for 20 endpoints:\n%s", out)
+	}
+	for _, url := range []string{"http://10.96.0.10/", "http://10.96.0.12/"} {
+		if r, err := proxytest.Get(n.Pods["a"].NS, "", url); err != nil || r.Pod != "a" {
+			t.Fatalf("%s: %+v %v", url, r, err)
+		}
+	}
+	n.Svcs, n.Slices = n.Svcs[:1], n.Slices[:1]
+	n.Sync()
+	if st := b.LastStats; st.Full || st.Rules == 0 || st.Objects == 0 {
+		t.Fatalf("removing them: %+v, want a partial sync deleting maps and rules", st)
+	}
+	if out := nft(t, "list", "table", "inet", nftables.TableName); strings.Contains(out, "lb4-20") || strings.Contains(out, "clients4-30") {
+		t.Fatalf("the 20-endpoint or 30 s objects are left:\n%s", out)
+	}
+	if r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.0.10/"); err != nil || r.Pod != "a" {
+		t.Fatalf("web after the removal: %+v %v", r, err)
+	}
+}
