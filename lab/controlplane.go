@@ -25,7 +25,7 @@ var kubernetesServiceIP = netip.MustParseAddr("10.96.0.1")
 const (
 	adminUser         = "weft-lab-admin"
 	controllerManager = "system:kube-controller-manager"
-	// AgentGroup is the group of every weft-agent identity; deploy/rbac.yaml
+	// AgentGroup is the group of every weft-agent identity; deploy/agent/rbac.yaml
 	// binds the weft-agent ClusterRole to it.
 	AgentGroup = "weft:agents"
 )
