@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/model"
+	"github.com/weftnet/weft/proxy/nftables"
 )
 
 type flags struct {
@@ -43,7 +45,7 @@ func main() {
 	var f flags
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig: watch Services and EndpointSlices with informers")
 	flag.StringVar(&f.manifests, "manifests", "", "directory of YAML/JSON Services and EndpointSlices, reloaded on change")
-	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables or ebpf")
+	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables, nftables or ebpf")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (for Local traffic policies)")
 	flag.StringVar(&f.zone, "zone", "", "this node's zone (topology hints)")
 	flag.Var(&f.nodeIPs, "node-ip", "this node's address (repeatable); NodePorts answer on it")
@@ -104,12 +106,12 @@ func run(f flags, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if f.dryRun {
-		ipt, ok := backend.(*iptables.Backend)
-		if !ok {
-			return fmt.Errorf("--dry-run: not supported by mode %s", f.mode)
+		render, err := dryRun(backend)
+		if err != nil {
+			return fmt.Errorf("--dry-run: %w (mode %s)", err, f.mode)
 		}
 		dctx, done := context.WithCancel(ctx)
-		p = proxy.New(printer{ipt, done}, proxy.Options{Log: log, NodeName: cfg.NodeName, Zone: cfg.Zone})
+		p = proxy.New(printer{render, done}, proxy.Options{Log: log, NodeName: cfg.NodeName, Zone: cfg.Zone})
 		ctx = dctx
 	}
 	var source func(context.Context) error
@@ -145,14 +147,33 @@ func run(f flags, log *slog.Logger) error {
 
 // printer is the --dry-run backend: it prints the first sync and stops.
 type printer struct {
-	b    *iptables.Backend
-	done context.CancelFunc
+	render func(model.State) (string, error)
+	done   context.CancelFunc
+}
+
+// dryRun returns what prints the rules a first sync of the backend writes.
+func dryRun(backend proxy.Backend) (func(model.State) (string, error), error) {
+	switch b := backend.(type) {
+	case *iptables.Backend:
+		return func(st model.State) (string, error) {
+			var out strings.Builder
+			for _, rs := range b.Render(st) {
+				fmt.Fprintf(&out, "# IPv%d\n%s", rs.Family, iptables.Payload(rs))
+			}
+			return out.String(), nil
+		}, nil
+	case *nftables.Backend:
+		return b.Dump, nil
+	}
+	return nil, errors.New("not supported")
 }
 
 func (d printer) Sync(st model.State, _ bool) error {
-	for _, rs := range d.b.Render(st) {
-		fmt.Printf("# IPv%d\n%s", rs.Family, iptables.Payload(rs))
+	out, err := d.render(st)
+	if err != nil {
+		return err
 	}
+	fmt.Print(out)
 	d.done()
 	return nil
 }

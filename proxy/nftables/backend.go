@@ -12,6 +12,7 @@ import (
 // Backend is the nftables service proxy backend: it renders the model
 // incrementally and applies each sync in one nft transaction.
 type Backend struct {
+	cfg      Config
 	renderer *Renderer
 	applier  *Applier
 	// LastStats are the stats of the last sync.
@@ -33,7 +34,17 @@ func New(cfg Config) (*Backend, error) {
 
 // NewWith returns a backend on nft (a knftables.Fake in tests).
 func NewWith(cfg Config, nft knftables.Interface) *Backend {
-	return &Backend{renderer: NewRenderer(cfg), applier: &Applier{NFT: nft}}
+	return &Backend{cfg: cfg, renderer: NewRenderer(cfg), applier: &Applier{NFT: nft}}
+}
+
+// Dump returns the table a first sync of st would load, as nft commands
+// (for --dry-run). It touches nothing.
+func (b *Backend) Dump(st model.State) (string, error) {
+	fake := knftables.NewFake(knftables.InetFamily, TableName)
+	if err := NewWith(b.cfg, fake).Sync(st, true); err != nil {
+		return "", err
+	}
+	return fake.Dump(), nil
 }
 
 // Check asks the kernel, without changing anything, whether it accepts
