@@ -65,7 +65,7 @@ func TestRender(t *testing.T) {
 		}
 	}
 	for _, absent := range []ebpf.FrontendKey{
-		key(proxytest.LBIP, 80, model.TCP),   // sourceRanges: the per-packet path's job
+		key(proxytest.LBIP, 80, model.TCP),   // sourceRanges: only the external frontend
 		key("10.96.0.10", 80, model.UDP),     // TCP only
 		key(proxytest.NodeIP, 80, model.TCP), // not a NodePort
 	} {
@@ -75,6 +75,35 @@ func TestRender(t *testing.T) {
 	}
 	if f := got[key("10.96.0.15", 80, model.TCP)]; f.AffinitySeconds == 0 {
 		t.Errorf("affinity service without a timeout: %+v", f)
+	}
+	// The external frontends: the traffic policy's endpoints, masquerade
+	// for eTP Cluster, sourceRanges on LoadBalancer IPs.
+	ext := func(addr string, port uint16) ebpf.FrontendKey {
+		return ebpf.FrontendKey{Addr: netip.MustParseAddr(addr), Port: port, Protocol: model.TCP, External: true}
+	}
+	ranges := []netip.Prefix{netip.MustParsePrefix(proxytest.ExtIP + "/32")}
+	for _, tc := range []struct {
+		name string
+		key  ebpf.FrontendKey
+		want ebpf.Frontend
+	}{
+		{"eTP Cluster NodePort", ext(proxytest.NodeIP, 30080), ebpf.Frontend{Backends: []netip.AddrPort{be(b, 80), be(c, 80)}, Masquerade: true}},
+		{"eTP Local NodePort: the local endpoint, client kept", ext(proxytest.NodeIP, 30081), ebpf.Frontend{Backends: []netip.AddrPort{be(c, 80)}}},
+		{"eTP Local NodePort without a local endpoint: drop", ext(proxytest.NodeIP, 30082), ebpf.Frontend{Verdict: ebpf.Drop}},
+		{"LoadBalancer IP with sourceRanges", ext(proxytest.LBIP, 80), ebpf.Frontend{Backends: []netip.AddrPort{be(b, 80)}, Masquerade: true, SourceRanges: ranges}},
+		{"LoadBalancer NodePort: no sourceRanges", ext(proxytest.NodeIP, 30083), ebpf.Frontend{Backends: []netip.AddrPort{be(b, 80)}, Masquerade: true}},
+		{"externalIP", ext(proxytest.ExtIPv4, 80), ebpf.Frontend{Backends: []netip.AddrPort{be(b, 80)}, Masquerade: true}},
+	} {
+		f, ok := got[tc.key]
+		f.Service = model.ServicePortName{}
+		if !ok || !reflect.DeepEqual(f, tc.want) {
+			t.Errorf("%s: %v %+v, want %+v", tc.name, ok, f, tc.want)
+		}
+	}
+	for _, absent := range []ebpf.FrontendKey{ext("10.96.0.10", 80), ext(proxytest.NodeIP, 80)} {
+		if f, ok := got[absent]; ok {
+			t.Errorf("unexpected external frontend %v: %+v", absent, f)
+		}
 	}
 }
 
