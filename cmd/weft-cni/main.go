@@ -7,6 +7,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/buildinfo"
@@ -25,6 +26,12 @@ func main() {
 		}
 		return
 	}
+	// One CNI command is sequential work in a process that lives for a few
+	// milliseconds: a second P only makes the runtime start threads (each
+	// a clone, stacks and page faults) to run its own background
+	// goroutines. The reaper above keeps the default: it serves DELs
+	// concurrently.
+	runtime.GOMAXPROCS(1)
 	cni.PluginMain(cni.Commands{
 		Add:    cni.Add,
 		Del:    cni.Del,
