@@ -251,10 +251,18 @@ func (c *PolicyController) sync() error {
 		}
 	}
 	rs := polipt.Render(d, cfg)
+	if c.opts.IPAMDataDir != "" && c.pending.setsMade[4] && (!c.v6.Load() || c.pending.setsMade[6]) {
+		// A new pod no policy selects needs no chain of its own: it may
+		// receive at once (what it sends waits for its source rule).
+		if err := c.markReady(unselected(cov, d), c.v6.Load(), seen); err != nil {
+			return fmt.Errorf("marking pods no policy selects ready: %w", err)
+		}
+	}
 	st, err := c.applier.Apply(rs)
 	if err != nil {
 		return err
 	}
+	c.pending.setsMade[4] = true
 	local := 0
 	for _, p := range d.Pods {
 		if p.Node == c.opts.NodeName {
@@ -271,6 +279,7 @@ func (c *PolicyController) sync() error {
 		if err != nil {
 			return fmt.Errorf("ipv6: %w", err)
 		}
+		c.pending.setsMade[6] = true
 		st.Sets, st.Chains = st.Sets+st6.Sets, st.Chains+st6.Chains
 		st.DeletedChains, st.DeletedSets = st.DeletedChains+st6.DeletedChains, st.DeletedSets+st6.DeletedSets
 		rs.Sets = append(rs.Sets, rs6.Sets...)

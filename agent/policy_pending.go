@@ -34,6 +34,8 @@ type pendingState struct {
 	first   map[ipam.Key]time.Time // when each attachment not ready yet was first seen
 	fresh   map[ipam.Key]bool      // first seen after the first sync: their wait is measured
 	timer   *time.Timer            // pokes the loop at the next bound
+	// setsMade says, per family, that an apply has created the ready set.
+	setsMade [7]bool
 }
 
 // covered are the attachments of this node whose pod the compiled state
@@ -72,6 +74,23 @@ func (c *PolicyController) localPods(allocs []ipam.Allocation) ([]*corev1.Pod, c
 		}
 	}
 	return pods, cov
+}
+
+// unselected are the attachments of cov whose pod no policy selects.
+func unselected(cov covered, d policy.Desired) covered {
+	selected := map[netip.Addr]bool{}
+	for _, p := range d.Pods { // the isolated pods
+		for _, a := range p.IPs {
+			selected[a] = true
+		}
+	}
+	out := covered{}
+	for k, addrs := range cov {
+		if !slices.ContainsFunc(addrs, func(a netip.Addr) bool { return selected[a] }) {
+			out[k] = addrs
+		}
+	}
+	return out
 }
 
 // withIPs is p with addrs as its addresses (a shallow copy: the compiler

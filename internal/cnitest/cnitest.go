@@ -88,10 +88,13 @@ type Attachment struct {
 	NetNS       string
 	IfName      string
 	Caps        map[string]any
+	// Args are CNI_ARGS pairs, e.g. the pod's identity as Kubernetes
+	// runtimes pass it (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID).
+	Args [][2]string
 }
 
 func (a Attachment) rt() *libcni.RuntimeConf {
-	return &libcni.RuntimeConf{ContainerID: a.ContainerID, NetNS: a.NetNS, IfName: a.IfName, CapabilityArgs: a.Caps}
+	return &libcni.RuntimeConf{ContainerID: a.ContainerID, NetNS: a.NetNS, IfName: a.IfName, Args: a.Args, CapabilityArgs: a.Caps}
 }
 
 // Add runs ADD for the whole list and returns the result as 1.1.0.

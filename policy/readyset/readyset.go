@@ -8,15 +8,18 @@
 // plugin removes the addresses it hands to a new attachment (Revoke; an
 // address may have been ready for a previous pod), and the agent adds an
 // address once the chains covering its pod are applied (Add) and removes
-// addresses no attachment holds any more (Del). The package talks netlink
-// only, so that the plugin stays lean.
+// addresses no attachment holds any more (Del). What the plugin calls
+// talks netlink only: no process is started on its path.
 package readyset
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -69,23 +72,36 @@ func Del(addrs []netip.Addr) error {
 	return nil
 }
 
-// Members lists the addresses in the ready set named name; a set that does
-// not exist is empty.
+// Members lists the addresses in the ready set named name (with `ipset
+// list`: the netlink library logs every attribute it does not know, and
+// listing is the agent's, not the plugin's); a set that does not exist is
+// empty.
 func Members(name string) (map[netip.Addr]bool, error) {
-	res, err := netlink.IpsetList(name)
-	if errors.Is(err, unix.ENOENT) {
-		return map[netip.Addr]bool{}, nil
-	}
+	out, err := exec.Command("ipset", "list", name, "-o", "save").CombinedOutput()
 	if err != nil {
-		return nil, fmt.Errorf("listing ipset %s: %w", name, err)
-	}
-	out := make(map[netip.Addr]bool, len(res.Entries))
-	for _, e := range res.Entries {
-		if a, ok := netip.AddrFromSlice(e.IP); ok {
-			out[a.Unmap()] = true
+		if bytes.Contains(out, []byte("does not exist")) {
+			return map[netip.Addr]bool{}, nil
 		}
+		return nil, fmt.Errorf("ipset list %s: %w: %s", name, err, bytes.TrimSpace(out))
 	}
-	return out, nil
+	return parseSave(out, name)
+}
+
+// parseSave reads the members of set name from `ipset save` output.
+func parseSave(b []byte, name string) (map[netip.Addr]bool, error) {
+	m := map[netip.Addr]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "add" || f[1] != name {
+			continue
+		}
+		a, err := netip.ParseAddr(f[2])
+		if err != nil {
+			return nil, fmt.Errorf("ipset %s member %q: %w", name, f[2], err)
+		}
+		m[a] = true
+	}
+	return m, nil
 }
 
 // entry is a's set entry; Replace makes adding a present address and
