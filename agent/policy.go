@@ -249,6 +249,9 @@ func (c *PolicyController) sync() error {
 				c.v6.Store(true)
 			}
 		}
+		if !c.v6.Load() && bridgeHasIPv6(c.opts.Bridge) { // ready for the first IPv6 pod
+			c.v6.Store(true)
+		}
 	}
 	rs := polipt.Render(d, cfg)
 	if c.opts.IPAMDataDir != "" && c.pending.setsMade[4] && (!c.v6.Load() || c.pending.setsMade[6]) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/weftnet/weft/ipam"
@@ -219,4 +220,18 @@ func podRefString(r *ipam.PodRef) string {
 		return ""
 	}
 	return fmt.Sprintf("%s/%s", r.Namespace, r.Name)
+}
+
+// bridgeHasIPv6 reports whether the pod bridge carries a global IPv6
+// address (an IPv6 pod range's gateway).
+func bridgeHasIPv6(name string) bool {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return false
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.IsGlobalUnicast() })
 }

@@ -6,8 +6,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/weftnet/weft/policy"
 	polipt "github.com/weftnet/weft/policy/iptables"
 	nt "github.com/weftnet/weft/policy/netpoltest"
+	"github.com/weftnet/weft/policy/readyset"
 )
 
 // recorder keeps the calls in order and fakes just enough kernel state.
@@ -142,5 +144,39 @@ func TestApplyOrder(t *testing.T) {
 	st, err = a.Apply(render(w, "node1"))
 	if err != nil || st.DeletedChains != 1 || len(rec.sets) != 0 {
 		t.Fatalf("delete: %+v %v, sets left %v", st, err, rec.sets)
+	}
+}
+
+// The ready set is created before the chains that match it, never flushed
+// or refilled (the agent and the plugin write its members), and kept.
+func TestApplyKeepsReadySet(t *testing.T) {
+	rec := newRecorder()
+	a := polipt.Applier{Runner: rec}
+	rs := func() *polipt.Ruleset {
+		return polipt.Render(policy.Desired{}, polipt.Config{NodeName: "node1", PodPorts: "weft+", PodBridges: []string{"weft0"}})
+	}
+	if _, err := a.Apply(rs()); err != nil {
+		t.Fatal(err)
+	}
+	calls := rec.take()
+	if len(calls) != 2 || !strings.Contains(calls[0], "create "+readyset.Name4+" hash:ip family inet maxelem 1048576 -exist\n") ||
+		strings.Contains(calls[0], "flush "+readyset.Name4) || strings.Contains(calls[0], "swap") ||
+		!strings.Contains(calls[1], "-j "+polipt.ChainPending) {
+		t.Fatalf("first apply:\n%s", strings.Join(calls, "\n"))
+	}
+	if _, err := a.Apply(rs()); err != nil || len(rec.take()) != 0 {
+		t.Fatalf("idle apply sent something (%v)", err)
+	}
+	a.ForceFull()
+	if _, err := a.Apply(rs()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rec.take() {
+		if strings.Contains(c, "destroy "+readyset.Name4) || strings.Contains(c, "flush "+readyset.Name4) {
+			t.Fatalf("full apply touched the ready set's members:\n%s", c)
+		}
+	}
+	if !rec.sets[readyset.Name4] {
+		t.Fatal("ready set gone")
 	}
 }
