@@ -27,6 +27,8 @@ type bed struct {
 	sources  []polipt.Source      // every pod's bridge port and addresses
 	// checkSources makes apply hold pod traffic to its sources.
 	checkSources bool
+	// pending makes apply hold pods whose addresses are not ready.
+	pending bool
 }
 
 const nodeName = "node1"

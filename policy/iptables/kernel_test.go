@@ -27,6 +27,9 @@ func (b *bed) apply(t *testing.T, a *polipt.Applier, w *nt.World, pols []*networ
 	if b.checkSources {
 		cfg.PodPorts, cfg.Sources = "v+", b.sources
 	}
+	if b.pending {
+		cfg.PodBridges = []string{"weft0", "weft1"}
+	}
 	if _, err := a.Apply(polipt.Render(d, cfg)); err != nil {
 		t.Fatalf("apply: %v", err)
 	}

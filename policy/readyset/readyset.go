@@ -40,12 +40,13 @@ func SetName(a netip.Addr) string {
 	return Name6
 }
 
-// Revoke removes addrs from their ready sets. A set that does not exist
-// (NetworkPolicy is not enforced on this node) or an address not in it is
-// no error.
+// Revoke removes addrs from their ready sets. A set that does not exist,
+// or a kernel without ipset (NetworkPolicy is not enforced on this node),
+// or an address not in the set is no error.
 func Revoke(addrs []netip.Addr) error {
 	for _, a := range addrs {
-		if err := netlink.IpsetDel(SetName(a), entry(a)); err != nil && !errors.Is(err, unix.ENOENT) {
+		err := netlink.IpsetDel(SetName(a), entry(a))
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EPROTONOSUPPORT) {
 			return fmt.Errorf("removing %s from ipset %s: %w", a, SetName(a), err)
 		}
 	}
