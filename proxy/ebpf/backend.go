@@ -35,7 +35,7 @@ var hooks = []hook{
 
 // mapNames are the maps weft pins (the names in bpf/*.c).
 var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity", "weft_affinity_members",
-	"weft_ct", "weft_nat_rev", "weft_src_ranges"}
+	"weft_ct", "weft_nat_rev", "weft_src_ranges", "weft_maglev"}
 
 // Backend is the eBPF service proxy backend.
 type Backend struct {
@@ -213,7 +213,8 @@ func (b *Backend) start() error {
 		_ = objs.Close()
 		return fmt.Errorf("loading the per-packet programs: %w", err)
 	}
-	w := newWriter(objs.WeftServices, objs.WeftBackends, objs.WeftAffinityMembers, np.WeftSrcRanges)
+	w := newWriter(writerMaps{services: objs.WeftServices, backends: objs.WeftBackends, members: objs.WeftAffinityMembers,
+		ranges: np.WeftSrcRanges, maglev: np.WeftMaglev})
 	err := w.load()
 	if err == nil {
 		err = w.dropOrphans()

@@ -39,7 +39,7 @@ func benchWriter(b *testing.B) *writer {
 		b.Fatal(err)
 	}
 	maps := map[string]*ebpf.Map{}
-	for _, name := range []string{"weft_services", "weft_backends", "weft_affinity_members", "weft_src_ranges"} {
+	for _, name := range []string{"weft_services", "weft_backends", "weft_affinity_members", "weft_src_ranges", "weft_maglev"} {
 		ms, ok := spec.Maps[name]
 		if !ok {
 			ms = np.Maps[name]
@@ -53,7 +53,8 @@ func benchWriter(b *testing.B) *writer {
 		b.Cleanup(func() { m.Close() })
 		maps[name] = m
 	}
-	return newWriter(maps["weft_services"], maps["weft_backends"], maps["weft_affinity_members"], maps["weft_src_ranges"])
+	return newWriter(writerMaps{services: maps["weft_services"], backends: maps["weft_backends"], members: maps["weft_affinity_members"],
+		ranges: maps["weft_src_ranges"], maglev: maps["weft_maglev"]})
 }
 
 // BenchmarkSync: programming n services x 10 endpoints into empty maps,

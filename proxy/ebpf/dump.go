@@ -31,7 +31,7 @@ func Dump(pinPath string, out io.Writer) error {
 		return err
 	}
 	defer backends.Close()
-	w := newWriter(services, backends, nil, nil)
+	w := newWriter(writerMaps{services: services, backends: backends})
 	if err := w.load(); err != nil {
 		return err
 	}

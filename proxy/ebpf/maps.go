@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/proxy/model"
 )
@@ -46,17 +47,15 @@ type frontendState struct {
 // frontends, remembering what it wrote (or, after a restart, what it read
 // back) so that a sync writes only what changed.
 type writer struct {
-	services, backends *ebpf.Map
-	members            *ebpf.Map // affinity members
-	ranges             *ebpf.Map // source ranges of external frontends
-	fronts             map[FrontendKey]*frontendState
-	backendID          map[netip.AddrPort]uint32
-	backendAddr        map[uint32]netip.AddrPort
-	nextBackend        uint32
-	nextFront          uint32
-	orphans            []sockSvcKey    // slots without a master entry, found by load
-	refs               map[uint32]int  // active lists naming each backend
-	unused             map[uint32]bool // backends whose count fell to 0 this sync
+	writerMaps
+	fronts      map[FrontendKey]*frontendState
+	backendID   map[netip.AddrPort]uint32
+	backendAddr map[uint32]netip.AddrPort
+	nextBackend uint32
+	nextFront   uint32
+	orphans     []sockSvcKey    // slots without a master entry, found by load
+	refs        map[uint32]int  // active lists naming each backend
+	unused      map[uint32]bool // backends whose count fell to 0 this sync
 	// Stats of the last apply.
 	Stats Stats
 }
@@ -71,8 +70,17 @@ type Stats struct {
 	UnchangedSkipped int
 }
 
-func newWriter(services, backends, members, ranges *ebpf.Map) *writer {
-	return &writer{services: services, backends: backends, members: members, ranges: ranges, fronts: map[FrontendKey]*frontendState{},
+// writerMaps are the maps a writer writes; members, ranges and maglev may
+// be nil for a writer that only reads frontends back (Dump).
+type writerMaps struct {
+	services, backends *ebpf.Map
+	members            *ebpf.Map // affinity members
+	ranges             *ebpf.Map // source ranges of external frontends
+	maglev             *ebpf.Map // Maglev tables of external frontends
+}
+
+func newWriter(m writerMaps) *writer {
+	return &writer{writerMaps: m, fronts: map[FrontendKey]*frontendState{},
 		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{},
 		refs: map[uint32]int{}, unused: map[uint32]bool{}}
 }
@@ -123,6 +131,9 @@ func (w *writer) load() error {
 		w.ref(nil, f.backends)
 	}
 	if err := w.loadRanges(); err != nil {
+		return err
+	}
+	if err := w.dropOrphanTables(); err != nil {
 		return err
 	}
 	for id := range w.backendAddr {
@@ -268,6 +279,11 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 	if err := w.setRanges(next.id, next.ranges); err != nil {
 		return err
 	}
+	if k.External && len(ids) > 0 {
+		if err := w.setMaglev(next.id, f.Backends, ids); err != nil {
+			return err
+		}
+	}
 	m := sockSvcValue{Count: uint16(len(ids)), Half: next.half, Flags: flags, SvcId: next.id, AffinityTimeout: next.affinity}
 	if err := w.services.Update(svcKey(k, 0), m, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("writing the master entry: %w", err)
@@ -282,6 +298,11 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 	if cur != nil {
 		if err := w.dropRanges(cur.id, cur.ranges, next.ranges); err != nil {
 			return err
+		}
+		if k.External && len(ids) == 0 && len(cur.backends) > 0 {
+			if err := w.dropMaglev(cur.id); err != nil {
+				return err
+			}
 		}
 	}
 	if cur != nil && cur.affinity > 0 {
@@ -353,6 +374,11 @@ func (w *writer) remove(k FrontendKey, f *frontendState) error {
 	}
 	if err := w.dropRanges(f.id, f.ranges, nil); err != nil {
 		return err
+	}
+	if k.External {
+		if err := w.dropMaglev(f.id); err != nil {
+			return err
+		}
 	}
 	if f.affinity > 0 {
 		return w.dropMembers(f.id, f.backends, nil)
@@ -527,6 +553,67 @@ func fromWords(w [4]uint32) netip.Addr {
 func htons(p uint16) uint16 { return binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, p)) }
 
 func ntohs(p uint16) uint16 { return binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, p)) }
+
+// setMaglev writes a new Maglev table for frontend svc (ids are the ids
+// of backends) and swaps it in whole: a reader sees the old table or the
+// new one.
+func (w *writer) setMaglev(svc uint32, backends []netip.AddrPort, ids []uint32) error {
+	m := maglevSize(len(ids))
+	table, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: m, Flags: unix.BPF_F_INNER_MAP})
+	if err != nil {
+		return fmt.Errorf("creating a Maglev table of %d entries: %w", m, err)
+	}
+	defer table.Close()
+	keys, vals := make([]uint32, m), make([]uint32, m)
+	for i, b := range maglevTable(backends, m) {
+		keys[i], vals[i] = uint32(i), ids[b]
+	}
+	if _, err := table.BatchUpdate(keys, vals, nil); err != nil {
+		return fmt.Errorf("filling the Maglev table: %w", err)
+	}
+	if err := w.maglev.Update(svc, table, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("swapping in the Maglev table: %w", err)
+	}
+	return nil
+}
+
+// dropMaglev deletes the Maglev table of frontend svc.
+func (w *writer) dropMaglev(svc uint32) error {
+	if err := w.maglev.Delete(svc); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("deleting the Maglev table: %w", err)
+	}
+	return nil
+}
+
+// dropOrphanTables deletes the Maglev tables of no frontend (a removal
+// interrupted).
+func (w *writer) dropOrphanTables() error {
+	if w.maglev == nil {
+		return nil
+	}
+	ids := map[uint32]bool{}
+	for _, f := range w.fronts {
+		ids[f.id] = true
+	}
+	var id uint32
+	var stale []uint32
+	it := w.maglev.Iterate()
+	var inner ebpf.MapID
+	for it.Next(&id, &inner) {
+		if !ids[id] {
+			stale = append(stale, id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading the Maglev tables: %w", err)
+	}
+	for _, id := range stale {
+		if err := w.dropMaglev(id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func htonl(v uint32) uint32 { return binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, v)) }
 

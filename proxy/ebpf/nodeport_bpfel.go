@@ -81,6 +81,7 @@ type nodeportTuple struct {
 const (
 	nodeportMapWeftBackends  = "weft_backends"
 	nodeportMapWeftCt        = "weft_ct"
+	nodeportMapWeftMaglev    = "weft_maglev"
 	nodeportMapWeftNatRev    = "weft_nat_rev"
 	nodeportMapWeftServices  = "weft_services"
 	nodeportMapWeftSrcRanges = "weft_src_ranges"
@@ -140,6 +141,7 @@ type nodeportProgramSpecs struct {
 type nodeportMapSpecs struct {
 	WeftBackends  *ebpf.MapSpec `ebpf:"weft_backends"`
 	WeftCt        *ebpf.MapSpec `ebpf:"weft_ct"`
+	WeftMaglev    *ebpf.MapSpec `ebpf:"weft_maglev"`
 	WeftNatRev    *ebpf.MapSpec `ebpf:"weft_nat_rev"`
 	WeftServices  *ebpf.MapSpec `ebpf:"weft_services"`
 	WeftSrcRanges *ebpf.MapSpec `ebpf:"weft_src_ranges"`
@@ -173,6 +175,7 @@ func (o *nodeportObjects) Close() error {
 type nodeportMaps struct {
 	WeftBackends  *ebpf.Map `ebpf:"weft_backends"`
 	WeftCt        *ebpf.Map `ebpf:"weft_ct"`
+	WeftMaglev    *ebpf.Map `ebpf:"weft_maglev"`
 	WeftNatRev    *ebpf.Map `ebpf:"weft_nat_rev"`
 	WeftServices  *ebpf.Map `ebpf:"weft_services"`
 	WeftSrcRanges *ebpf.Map `ebpf:"weft_src_ranges"`
@@ -182,6 +185,7 @@ func (m *nodeportMaps) Close() error {
 	return _NodeportClose(
 		m.WeftBackends,
 		m.WeftCt,
+		m.WeftMaglev,
 		m.WeftNatRev,
 		m.WeftServices,
 		m.WeftSrcRanges,

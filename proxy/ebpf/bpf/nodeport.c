@@ -20,6 +20,13 @@
 //     and frontend.
 //   src_ranges: (frontend id, source prefix), an LPM trie, for frontends
 //     with loadBalancerSourceRanges (SVC_RANGES).
+//   maglev: frontend id -> its Maglev table, an array of backend ids of
+//     maglev_size(count) entries. A new flow takes the entry of its
+//     hash (of the 5-tuple; with affinity, of the client address), so a
+//     flow lands on the same backend on every node and after its state is
+//     lost, and a backend change moves at most 1 % of the other backends'
+//     flows. A frontend without a table (or a reader between the table's
+//     swap and the master entry's) takes a slot of its active list.
 // Not handled here (passed to the stack untouched): fragments, IPv6
 // extension headers, protocols other than TCP and UDP.
 
@@ -85,6 +92,22 @@ struct {
 	__uint(max_entries, 1 << 18);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weft_nat_rev SEC(".maps");
+
+struct maglev_table {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_INNER_MAP); // tables of any size
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, 1 << 16);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct maglev_table);
+} weft_maglev SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -291,16 +314,85 @@ static __always_inline int in_ranges(const struct pkt *p, __u32 svc_id)
 	return bpf_map_lookup_elem(&weft_src_ranges, &k) != 0;
 }
 
-// balance starts a flow to an external frontend: it picks a backend and
-// the source the backend sees, and records both directions. It returns
-// BALANCED, NOT_MINE when p is not for an external frontend, or a tc
-// verdict.
+// maglev_size is the Maglev table size of a frontend with n backends: the
+// first prime of the list of at least 1000*n (maglevSizes in maglev.go).
+static __always_inline __u32 maglev_size(__u32 n)
+{
+	if (n <= 1)
+		return 1021;
+	if (n <= 2)
+		return 2039;
+	if (n <= 4)
+		return 4093;
+	if (n <= 8)
+		return 8191;
+	if (n <= 16)
+		return 16381;
+	if (n <= 32)
+		return 32749;
+	return 65521;
+}
+
+// mix and hash_end are MurmurHash3's 32-bit steps.
+static __always_inline __u32 mix(__u32 h, __u32 k)
+{
+	k *= 0xcc9e2d51;
+	k = (k << 15) | (k >> 17);
+	k *= 0x1b873593;
+	h ^= k;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 hash_end(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline __u32 hash_addr(__u32 h, const __u32 a[4])
+{
+	return mix(mix(mix(mix(h, a[0]), a[1]), a[2]), a[3]);
+}
+
+// flow_hash is the hash of p's 5-tuple, or with affinity of its source.
+static __always_inline __u32 flow_hash(const struct pkt *p, int affinity)
+{
+	__u32 h = hash_addr(0, p->t.saddr);
+	if (!affinity) {
+		h = hash_addr(h, p->t.daddr);
+		h = mix(h, ((__u32)p->t.sport << 16) | p->t.dport);
+		h = mix(h, p->t.proto);
+	}
+	return hash_end(h);
+}
+
+// maglev_pick returns the backend id of hash n in frontend m's table.
+static __always_inline __u32 *maglev_pick(const struct svc_value *m, __u32 n)
+{
+	void *table = bpf_map_lookup_elem(&weft_maglev, &m->svc_id);
+	__u32 idx;
+
+	if (!table)
+		return 0;
+	idx = n % maglev_size(m->count);
+	return bpf_map_lookup_elem(table, &idx);
+}
+
+// balance starts a flow to an external frontend: it picks a backend (see
+// maglev above) and the source the backend sees, and records both
+// directions. It returns BALANCED, NOT_MINE when p is not for an external
+// frontend, or a tc verdict.
 static __always_inline int balance(struct __sk_buff *skb, struct pkt *p, struct ct_value *ct)
 {
 	struct svc_key key = {.port = p->t.dport, .proto = p->t.proto, .scope = SCOPE_EXTERNAL};
 	struct svc_value *m, *slot;
 	struct backend *be;
-	__u32 n;
+	__u32 n, *id;
 
 	copy_addr(key.addr, p->t.daddr);
 	m = bpf_map_lookup_elem(&weft_services, &key);
@@ -313,16 +405,18 @@ static __always_inline int balance(struct __sk_buff *skb, struct pkt *p, struct 
 		// listens on (a reset, or ICMP port unreachable). Endpoints but
 		// none here (eTP Local): dropped.
 		return m->flags & SVC_REJECT ? TC_ACT_OK : TC_ACT_SHOT;
-	if (m->affinity_timeout)
-		// One client, one backend while the list stands.
-		n = p->t.saddr[0] ^ p->t.saddr[1] ^ p->t.saddr[2] ^ p->t.saddr[3];
-	else
-		n = bpf_get_prandom_u32();
-	key.slot = slot_of(m, n);
-	slot = bpf_map_lookup_elem(&weft_services, &key);
-	if (!slot)
-		return TC_ACT_SHOT;
-	ct->backend_id = slot->backend_id;
+	// With affinity: one client, one backend while the list stands.
+	n = flow_hash(p, m->affinity_timeout != 0);
+	id = maglev_pick(m, n);
+	if (id) {
+		ct->backend_id = *id;
+	} else {
+		key.slot = slot_of(m, n);
+		slot = bpf_map_lookup_elem(&weft_services, &key);
+		if (!slot)
+			return TC_ACT_SHOT;
+		ct->backend_id = slot->backend_id;
+	}
 	be = bpf_map_lookup_elem(&weft_backends, &ct->backend_id);
 	if (!be)
 		return TC_ACT_SHOT;
