@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the upstream Kubernetes control-plane binaries that weft's tests run
-# against -- bin/kube-apiserver, bin/kube-controller-manager, bin/kube-proxy, bin/kubectl --
+# against -- bin/kube-apiserver, bin/kube-controller-manager, bin/kube-scheduler,
+# bin/kube-proxy, bin/kubectl --
 # from the Go modules pinned in hack/tools/go.mod.
 #
 # Builds only what is needed: every binary when the Kubernetes version in
@@ -19,7 +20,7 @@ TOOLS=$ROOT/hack/tools
 BIN=$ROOT/bin
 STAMP=$BIN/.kube-version
 GO=${GO:-go}
-BINARIES=(kube-apiserver kube-controller-manager kube-proxy kubectl)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl)
 
 # shellcheck source=hack/build-lib.sh
 source "$ROOT/hack/build-lib.sh"

@@ -25,6 +25,7 @@ var kubernetesServiceIP = netip.MustParseAddr("10.96.0.1")
 const (
 	adminUser         = "weft-lab-admin"
 	controllerManager = "system:kube-controller-manager"
+	scheduler         = "system:kube-scheduler"
 	// AgentGroup is the group of every weft-agent identity; deploy/agent/rbac.yaml
 	// binds the weft-agent ClusterRole to it.
 	AgentGroup = "weft:agents"
@@ -77,6 +78,7 @@ func issueCerts(dir string, nodes []Member, apiPort int) error {
 	clients := []client{
 		{"admin", adminUser, fmt.Sprintf("https://127.0.0.1:%d", apiPort), []string{"system:masters"}},
 		{"controller-manager", controllerManager, inLab, nil},
+		{"scheduler", scheduler, inLab, nil},
 	}
 	for _, n := range nodes {
 		clients = append(clients,
@@ -113,7 +115,11 @@ func controlPlane(dir, binDir string) []Proc {
 			"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"), "--client-ca-file", p("ca.crt"),
 			"--service-cluster-ip-range", ServiceCIDR,
 			"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
-			"--disable-admission-plugins", "ServiceAccount",
+			// No node lifecycle controller runs (the mini-kubelets keep
+			// their nodes Ready), so nothing would lift the not-ready
+			// taint this plugin puts on new nodes, and pods would never
+			// be scheduled.
+			"--disable-admission-plugins", "ServiceAccount,TaintNodesByCondition",
 			"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
 			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 			"--allow-privileged", "--profiling=false", "--v", "1",
@@ -127,6 +133,14 @@ func controlPlane(dir, binDir string) []Proc {
 			"--service-cluster-ip-range", ServiceCIDR,
 			// The lab's mini-kubelets keep their nodes Ready themselves.
 			"--controllers", "*,-nodelifecycle", "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
+		}},
+		// The stock scheduler binds pods that name no node, with the
+		// default plugins (resources, taints, spreading).
+		{Name: "kube-scheduler", NS: ns, Args: []string{filepath.Join(binDir, "kube-scheduler"),
+			"--kubeconfig", filepath.Join(dir, "scheduler.kubeconfig"),
+			"--authentication-kubeconfig", filepath.Join(dir, "scheduler.kubeconfig"),
+			"--authorization-kubeconfig", filepath.Join(dir, "scheduler.kubeconfig"),
+			"--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
 		}},
 	}
 }

@@ -1,7 +1,8 @@
 // Package lab turns one Linux machine into a multi-node Kubernetes cluster
 // made of network namespaces: an underlay bridge, a control plane (etcd,
-// kube-apiserver, kube-controller-manager) in its own namespace, one
-// namespace per node, and an external host for outside clients.
+// kube-apiserver, kube-controller-manager, kube-scheduler) in its own
+// namespace, one namespace per node, and an external host for outside
+// clients.
 //
 // Everything the lab creates is named with NSPrefix or lives in its
 // directory, so Down can remove all of it, also after a crash.
@@ -33,7 +34,7 @@ type Options struct {
 	Nodes   int
 	Routing string // "hostgw" or "vxlan"
 	Dir     string
-	BinDir  string    // kube-apiserver, kube-controller-manager, weftctl
+	BinDir  string    // kube-apiserver, kube-controller-manager, kube-scheduler, weftctl
 	APIPort int       // the admin kubeconfig's port on the host's loopback
 	Out     io.Writer `json:"-"`
 }
@@ -105,9 +106,11 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := waitAPIServer(waitCtx, o.Dir); err != nil {
 		return err
 	}
-	step("kube-controller-manager")
-	if _, err := start(o.Dir, cp[2]); err != nil {
-		return err
+	step("kube-controller-manager and kube-scheduler")
+	for _, p := range cp[2:] {
+		if _, err := start(o.Dir, p); err != nil {
+			return err
+		}
 	}
 	step("API on https://127.0.0.1:%d (forwarded into the lab)", o.APIPort)
 	if _, err := start(o.Dir, forwarder(o)); err != nil {

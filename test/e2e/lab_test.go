@@ -50,7 +50,7 @@ func binDir(t *testing.T) string {
 		}
 	}
 	bin := filepath.Join(dir, "bin")
-	for _, b := range []string{"weftctl", "weft-agent", "weft-workload", "cni/weft", "cni/portmap", "kube-apiserver", "kube-controller-manager"} {
+	for _, b := range []string{"weftctl", "weft-agent", "weft-workload", "cni/weft", "cni/portmap", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			t.Fatalf("%s missing: run `make build kube` first", filepath.Join(bin, b))
 		}
