@@ -32,8 +32,9 @@ build:
 	@cp --remove-destination $(BIN)/weft-cni $(CNI_BIN)/weft
 	$(GO) build -trimpath -ldflags '-s -w' -o $(CNI_BIN)/ $(REF_PLUGINS)
 
-# Upstream control plane (kube-apiserver, kube-controller-manager, kube-proxy,
-# kubectl) from hack/tools/go.mod; only rebuilt when missing or bumped.
+# Upstream control plane (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kube-proxy, kubectl) from hack/tools/go.mod; only rebuilt
+# when missing or bumped.
 kube:
 	@bash hack/build-kube.sh
 
