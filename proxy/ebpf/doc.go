@@ -1,22 +1,29 @@
-// Package ebpf is weft's eBPF service proxy backend. This first increment
-// is socket-level load balancing: programs on the cgroup v2 hooks connect,
-// sendmsg, recvmsg and getpeername (IPv4 and IPv6, bpf/sock.c) translate a
-// Service address to a backend when a socket connects or sends a datagram,
-// so east-west traffic is never NATed per packet, and show the Service
-// address back to the application.
+// Package ebpf is weft's eBPF service proxy backend. Two paths share its
+// frontend and backend maps (bpf/lb.h):
+//
+//   - socket-level load balancing: programs on the cgroup v2 hooks
+//     connect, sendmsg, recvmsg and getpeername (IPv4 and IPv6,
+//     bpf/sock.c) translate a Service address to a backend when a socket
+//     connects or sends a datagram, so east-west traffic is never NATed
+//     per packet, and show the Service address back to the application;
+//   - the per-packet path: tc ingress programs (bpf/nodeport.c, tcx or
+//     clsact + cls_bpf) on the uplinks translate traffic from outside the
+//     node to NodePorts, externalIPs and LoadBalancer IPs (Maglev choice,
+//     SNAT to the node for eTP Cluster, the client kept for eTP Local,
+//     sourceRanges), and translate the replies back there and on the pod
+//     bridge, with their own pinned conntrack.
 //
 // Compute, then apply: Render (pure) turns the proxy model into frontends,
-// each an address, port and protocol with its backend list and verdict;
-// the map writer turns the difference into map writes, ordered so that
-// every update is atomic for a reader (see bpf/sock.c): backends first,
-// then the inactive half of a frontend's slot space, then its master
-// entry, which flips to the new half with the new count; orphan backends
-// go last. The maps and the program links are pinned under a bpffs
-// directory, so programs stay attached and the maps keep their content
-// across a restart; a new proxy reads the maps back and swaps its programs
-// into the pinned links.
+// each an address, port, protocol and scope with its backend list and
+// verdict; the map writer turns the difference into map writes, ordered so
+// that every update is atomic for a reader (see bpf/lb.h): backends first,
+// then the inactive half of a frontend's slot space and its Maglev table,
+// then its master entry, which flips to the new half with the new count;
+// orphan backends go last. The maps and the program links are pinned under
+// a bpffs directory, so programs stay attached and the maps keep their
+// content across a restart; a new proxy reads the maps back and swaps its
+// programs into the pinned links.
 //
-// Not yet here (see docs/architecture.md, "eBPF backend"): the per-packet
-// path for traffic from outside the node, loadBalancerSourceRanges,
-// terminating connected UDP sockets on a removed backend.
+// Not yet here (see docs/architecture.md, "eBPF backend"): terminating
+// connected UDP sockets on a removed backend.
 package ebpf
