@@ -63,6 +63,8 @@ func newTCEnv(t *testing.T) *tcEnv {
 		{"link", "set", "tpp0", "up"},
 		{"link", "set", "tpu1", "up"},
 		{"link", "set", "tpp1", "up"},
+		// Pods of another node, behind a router on the uplink.
+		{"route", "add", "10.250.2.0/24", "via", "203.0.113.254", "dev", "tpu0"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
@@ -310,6 +312,25 @@ func TestNodePortTranslation(t *testing.T) {
 }
 
 func second(_ uint32, b []byte) []byte { return b }
+
+// TestNodePortRemoteBackend: a backend on another node is reached through
+// the uplink, SNATed to the uplink's address; its reply comes back on the
+// uplink, where weft_nodeport translates it back.
+func TestNodePortRemoteBackend(t *testing.T) {
+	e := newTCEnv(t)
+	remote := ext(netip.MustParseAddr("10.250.2.9"), 80)
+	e.program(map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Masquerade: true, Backends: backends(remote)}})
+	in := packet{src: ext(client, 40000), dst: ext(nodeIP, 30080)}
+	verdict, out := e.run(e.objs.WeftNodeport, e.uplink, in.bytes())
+	got := parsePacket(t, out)
+	if verdict != actRedirect || got.dst != remote || got.src != ext(nodeIP, 40000) {
+		t.Fatalf("verdict %d, %s -> %s; want redirect, %s -> %s", verdict, got.src, got.dst, ext(nodeIP, 40000), remote)
+	}
+	verdict, back := e.run(e.objs.WeftNodeport, e.uplink, packet{src: remote, dst: got.src}.bytes())
+	if r := parsePacket(t, back); verdict != actRedirect || r.src != in.dst || r.dst != in.src {
+		t.Fatalf("reply: verdict %d, %s -> %s; want redirect, %s -> %s", verdict, r.src, r.dst, in.dst, in.src)
+	}
+}
 
 // TestNodePortLocalPolicy: eTP Local keeps the client's address and uses
 // the local endpoint; without one (endpoints elsewhere only) packets are
