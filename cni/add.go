@@ -7,7 +7,6 @@ import (
 	"os"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/ipam"
@@ -21,17 +20,21 @@ func Add(args *CmdArgs) error {
 		return err
 	}
 	tr.mark("parse")
-	pod, err := openPodNS(args.Netns)
+	podNS, err := openNetNS(args.Netns)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetNS, "CNI_NETNS: cannot open the pod network namespace", err.Error())
 	}
-	defer pod.Close()
-	if err := removeDisarmed(HostVethName(args.ContainerID, args.IfName)); err != nil {
+	defer podNS.Close()
+	pod, err := openRTNL(int(podNS))
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetNS, "CNI_NETNS: cannot open the pod network namespace", err.Error())
+	}
+	defer pod.close()
+	host, err := openRTNL(-1)
+	if err != nil {
 		return err
 	}
-	if err := clearRemnant(pod, args.Netns, args.IfName); err != nil {
-		return err
-	}
+	defer host.close()
 	tr.mark("netns")
 
 	store, err := openStore(cfg)
@@ -57,14 +60,12 @@ func Add(args *CmdArgs) error {
 	}
 	tr.mark("store")
 
-	result, vethCreated, err := wire(cfg, args, pod, leases)
+	result, vethCreated, err := wire(cfg, args, host, pod, int(podNS), leases)
 	if err != nil {
 		// Undo what this ADD did, in reverse: the veth (its peer goes with
 		// it), then the addresses unless an earlier ADD had allocated them.
 		if vethCreated {
-			if link, lerr := netlink.LinkByName(HostVethName(args.ContainerID, args.IfName)); lerr == nil {
-				_ = netlink.LinkDel(link)
-			}
+			_ = host.run(nlreq{what: "deleting the veth", msg: delLinkMsg(HostVethName(args.ContainerID, args.IfName))})
 		}
 		if !existed {
 			_ = store.Update(func(st *ipam.State) error {
@@ -85,7 +86,9 @@ func Add(args *CmdArgs) error {
 
 // wire does the kernel work of ADD and builds the result. It reports whether
 // it created the veth pair, so that a failure removes only what ADD made.
-func wire(cfg *Config, args *CmdArgs, pod *podNS, leases []ipam.Lease) (_ *Result, vethCreated bool, err error) {
+// host and pod are rtnetlink sockets in the node's and the pod's namespace,
+// podNS the pod namespace's descriptor.
+func wire(cfg *Config, args *CmdArgs, host, pod *rtnl, podNS int, leases []ipam.Lease) (_ *Result, vethCreated bool, err error) {
 	mtu := cfg.MTU
 	if mtu == 0 {
 		mtu = defaultMTU()
@@ -102,42 +105,36 @@ func wire(cfg *Config, args *CmdArgs, pod *podNS, leases []ipam.Lease) (_ *Resul
 	}
 
 	hostName := HostVethName(args.ContainerID, args.IfName)
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: hostName, MTU: mtu, MasterIndex: br.Index, Flags: net.FlagUp, TxQLen: -1},
-		PeerName:      args.IfName,
-		PeerNamespace: netlink.NsFd(int(pod.fd)),
-		PeerTxQLen:    -1,
-	}
-	if err := netlink.LinkAdd(veth); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, vethCreated, fmt.Errorf("creating veth %s: a link of that name exists (a previous ADD for container %s was not deleted): %w", hostName, args.ContainerID, err)
-		}
-		return nil, vethCreated, fmt.Errorf("creating veth %s/%s: %w", hostName, args.IfName, err)
-	}
-	vethCreated = true
-	if cfg.Hairpin {
-		if err := netlink.LinkSetHairpin(veth, true); err != nil {
-			return nil, vethCreated, fmt.Errorf("enabling hairpin on %s: %w", hostName, err)
-		}
-	}
-	hostLink, err := netlink.LinkByName(hostName)
-	if err != nil {
-		return nil, vethCreated, fmt.Errorf("looking up %s: %w", hostName, err)
-	}
-
-	podLink, err := configurePod(cfg, args.IfName, pod, leases)
+	podMAC, err := randomMAC()
 	if err != nil {
 		return nil, vethCreated, err
 	}
-	if err := announce(br, podLink.Attrs().HardwareAddr, leases); err != nil {
+	hostLink, err := createVeth(host, args, hostName, vethMsg(hostName, args.IfName, mtu, br.Index, podNS, podMAC))
+	if err != nil {
+		return nil, vethCreated, err
+	}
+	vethCreated = true
+
+	// The node side: hairpin on the bridge port, the pod's neighbour
+	// entries on the bridge; then the pod side: its interface up, its
+	// addresses, then its routes (a gateway must be on-link).
+	var reqs []nlreq
+	if cfg.Hairpin {
+		reqs = append(reqs, nlreq{what: "enabling hairpin on " + hostName, msg: hairpinMsg(hostLink.index)})
+	}
+	reqs = append(reqs, announce(br.Index, podMAC, leases)...)
+	if err := host.run(reqs...); err != nil {
+		return nil, vethCreated, err
+	}
+	if err := pod.run(configurePod(cfg, args.IfName, hostLink.peer, leases)...); err != nil {
 		return nil, vethCreated, err
 	}
 
 	result := &Result{
 		Interfaces: []*Interface{
 			{Name: br.Name, Mac: br.HardwareAddr.String()},
-			{Name: hostName, Mac: hostLink.Attrs().HardwareAddr.String()},
-			{Name: args.IfName, Mac: podLink.Attrs().HardwareAddr.String(), Mtu: mtu, Sandbox: args.Netns},
+			{Name: hostName, Mac: hostLink.mac.String()},
+			{Name: args.IfName, Mac: podMAC.String(), Mtu: mtu, Sandbox: args.Netns},
 		},
 		DNS: cfg.DNS,
 	}
@@ -154,25 +151,61 @@ func wire(cfg *Config, args *CmdArgs, pod *podNS, leases []ipam.Lease) (_ *Resul
 	return result, true, nil
 }
 
-// configurePod brings the pod's interface up with its addresses and routes.
-func configurePod(cfg *Config, ifName string, pod *podNS, leases []ipam.Lease) (netlink.Link, error) {
-	h := pod.handle
-	link, err := h.LinkByName(ifName)
+// createVeth sends create (the veth pair) and looks the host side up in the
+// same batch. A name already taken, on the node or in the pod, is cleared
+// if it is what a deleted attachment left disarmed, and the creation is
+// tried once more; otherwise it is an error naming the taken name.
+func createVeth(host *rtnl, args *CmdArgs, hostName string, create *nlmsg) (rtLink, error) {
+	for attempt := 0; ; attempt++ {
+		var link rtLink
+		var perr error
+		errs, err := host.exchange(func(i int, typ uint16, body []byte) {
+			if i == 1 && typ == unix.RTM_NEWLINK {
+				link, perr = parseLink(body)
+			}
+		}, create, getLinkMsg(hostName))
+		switch {
+		case err != nil:
+			return rtLink{}, fmt.Errorf("creating veth %s/%s: %w", hostName, args.IfName, err)
+		case errs[0] == nil && errs[1] == nil && perr == nil:
+			return link, nil
+		case errs[0] == nil:
+			return rtLink{}, fmt.Errorf("looking up %s: %w", hostName, errors.Join(errs[1], perr))
+		case !errors.Is(errs[0], unix.EEXIST):
+			return rtLink{}, fmt.Errorf("creating veth %s/%s: %w", hostName, args.IfName, errs[0])
+		case attempt > 0:
+			return rtLink{}, fmt.Errorf("creating veth %s: a link of that name exists (a previous ADD for container %s was not deleted): %w", hostName, args.ContainerID, errs[0])
+		}
+		if err := clearNames(args, hostName); err != nil {
+			return rtLink{}, err
+		}
+	}
+}
+
+// clearNames makes way for a veth pair whose creation found a name taken:
+// the host side of a disarmed pair of the same attachment, or the pod side
+// of a disarmed weft pair in the pod (left by a DEL that died before the
+// pair was gone, or by a weft version whose DEL left the pair to the
+// kernel), is deleted. Any other holder of CNI_IFNAME in the pod is an
+// error.
+func clearNames(args *CmdArgs, hostName string) error {
+	if err := removeDisarmed(hostName); err != nil {
+		return err
+	}
+	pod, err := openPodNS(args.Netns)
 	if err != nil {
-		return nil, fmt.Errorf("looking up %s in the pod: %w", ifName, err)
+		return types.NewError(types.ErrInvalidNetNS, "CNI_NETNS: cannot open the pod network namespace", err.Error())
 	}
+	defer pod.Close()
+	return clearRemnant(pod, args.Netns, args.IfName)
+}
+
+// configurePod returns the requests that bring the pod's interface (index
+// idx in the pod) up with its addresses and routes.
+func configurePod(cfg *Config, ifName string, idx int, leases []ipam.Lease) []nlreq {
+	reqs := []nlreq{{what: "setting " + ifName + " up in the pod", msg: linkUpMsg(idx)}}
 	for _, l := range leases {
-		addr := &netlink.Addr{IPNet: ipNet(l.Address)}
-		if l.Address.Addr().Is6() {
-			// The allocator guarantees uniqueness; skipping DAD saves ~1 s.
-			addr.Flags = unix.IFA_F_NODAD
-		}
-		if err := h.AddrAdd(link, addr); err != nil {
-			return nil, fmt.Errorf("adding %s to %s in the pod: %w", l.Address, ifName, err)
-		}
-	}
-	if err := h.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("setting %s up in the pod: %w", ifName, err)
+		reqs = append(reqs, nlreq{what: fmt.Sprintf("adding %s to %s in the pod", l.Address, ifName), msg: addrMsg(idx, l.Address)})
 	}
 	routes := make([]*types.Route, 0, len(leases)+len(cfg.IPAM.Routes))
 	for _, l := range leases {
@@ -184,34 +217,25 @@ func configurePod(cfg *Config, ifName string, pod *podNS, leases []ipam.Lease) (
 		if gw == nil {
 			gw = gatewayFor(leases, r.Dst.IP)
 		}
-		route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &r.Dst, Gw: gw}
-		if err := h.RouteAdd(route); err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("adding route %s via %s in the pod: %w", r.Dst.String(), gw, err)
-		}
+		reqs = append(reqs, nlreq{what: fmt.Sprintf("adding route %s via %s in the pod", r.Dst.String(), gw), msg: routeMsg(idx, r.Dst, gw), ignore: unix.EEXIST})
 	}
-	return link, nil
+	return reqs
 }
 
-// announce tells the node the pod's MAC for each of its addresses. Besides
+// announce returns the requests that tell the node the pod's MAC for each
+// of its addresses, on the bridge (index bridge). Besides
 // saving the first packet a neighbour lookup, this matters for services:
 // with bridge netfilter, a packet DNATed to a pod on the same bridge is
 // switched straight to the pod's port, and for IPv6 the kernel needs the
 // pod's neighbour entry for that (without one the packet is lost). The
 // entry is REACHABLE, not permanent: the kernel revalidates and ages it,
 // and the next ADD that reuses the address replaces it.
-func announce(br *netlink.Bridge, mac net.HardwareAddr, leases []ipam.Lease) error {
-	for _, l := range leases {
-		family := netlink.FAMILY_V4
-		if l.Address.Addr().Is6() {
-			family = netlink.FAMILY_V6
-		}
-		n := &netlink.Neigh{LinkIndex: br.Index, Family: family, State: netlink.NUD_REACHABLE,
-			IP: net.IP(l.Address.Addr().AsSlice()), HardwareAddr: mac}
-		if err := netlink.NeighSet(n); err != nil {
-			return fmt.Errorf("neighbour entry for %s: %w", l.Address.Addr(), err)
-		}
+func announce(bridge int, mac net.HardwareAddr, leases []ipam.Lease) []nlreq {
+	reqs := make([]nlreq, len(leases))
+	for i, l := range leases {
+		reqs[i] = nlreq{what: fmt.Sprintf("neighbour entry for %s", l.Address.Addr()), msg: neighMsg(bridge, l.Address.Addr(), mac)}
 	}
-	return nil
+	return reqs
 }
 
 func defaultRoute(l ipam.Lease) *types.Route {

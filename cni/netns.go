@@ -22,22 +22,9 @@ type podNS struct {
 
 // openPodNS opens the namespace at path and an rtnetlink socket inside it.
 func openPodNS(path string) (*podNS, error) {
-	fd, err := netns.GetFromPath(path)
+	fd, err := openNetNS(path)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("opening %s: %w", path, errNetNSGone)
-		}
-		return nil, fmt.Errorf("opening %s: %w", path, err)
-	}
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(fd), &st); err != nil {
-		fd.Close()
-		return nil, fmt.Errorf("statfs %s: %w", path, err)
-	}
-	// A bind-mounted namespace lives on nsfs; /proc/<pid>/ns/net on procfs.
-	if st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC {
-		fd.Close()
-		return nil, fmt.Errorf("%s is not a network namespace: %w", path, errNetNSGone)
+		return nil, err
 	}
 	// Only rtnetlink: a handle for every family costs a socket and two
 	// namespace switches each.
@@ -47,6 +34,28 @@ func openPodNS(path string) (*podNS, error) {
 		return nil, fmt.Errorf("netlink socket in %s: %w", path, err)
 	}
 	return &podNS{fd: fd, handle: h}, nil
+}
+
+// openNetNS opens the network namespace at path, making sure it is one.
+func openNetNS(path string) (netns.NsHandle, error) {
+	fd, err := netns.GetFromPath(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return -1, fmt.Errorf("opening %s: %w", path, errNetNSGone)
+		}
+		return -1, fmt.Errorf("opening %s: %w", path, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(fd), &st); err != nil {
+		fd.Close()
+		return -1, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	// A bind-mounted namespace lives on nsfs; /proc/<pid>/ns/net on procfs.
+	if st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC {
+		fd.Close()
+		return -1, fmt.Errorf("%s is not a network namespace: %w", path, errNetNSGone)
+	}
+	return fd, nil
 }
 
 func (p *podNS) Close() {
