@@ -1,10 +1,13 @@
 package ebpf_test
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,10 +117,14 @@ var (
 // one JSON object a line.
 const outsideEnv = "WEFT_EBPF_TEST_OUTSIDE"
 
-type outsideRequest struct{ NS, Src, URL string }
+// outsideRequest is an HTTP GET of URL, or with Addr set a line sent on
+// the client's TCP connection to Addr (dialled by the first such request,
+// kept open), which an echo server answers with a line.
+type outsideRequest struct{ NS, Src, URL, Addr, Line string }
 
 type outsideAnswer struct {
 	Reply workload.Reply
+	Line  string
 	Err   string
 }
 
@@ -163,39 +170,58 @@ func (c *outsideClient) stop() {
 	_ = c.cmd.Wait()
 }
 
-// outsideGet is proxytest.Get run by the outside client.
-func outsideGet(ns, src, url string) (workload.Reply, error) {
+// outsideDo has the outside client (started by the test's first request)
+// carry out req.
+func outsideDo(req outsideRequest) (outsideAnswer, error) {
+	var a outsideAnswer
 	if outside == nil {
 		c, err := startOutside()
 		if err != nil {
-			return workload.Reply{}, err
+			return a, err
 		}
 		outside = c
 	}
-	var a outsideAnswer
-	if err := outside.in.Encode(outsideRequest{ns, src, url}); err != nil {
-		return a.Reply, fmt.Errorf("asking the outside client: %w", err)
+	if err := outside.in.Encode(req); err != nil {
+		return a, fmt.Errorf("asking the outside client: %w", err)
 	}
 	if err := outside.out.Decode(&a); err != nil {
-		return a.Reply, fmt.Errorf("reading the outside client's answer: %w", err)
+		return a, fmt.Errorf("reading the outside client's answer: %w", err)
 	}
 	if a.Err != "" {
-		return a.Reply, errors.New(a.Err)
+		return a, errors.New(a.Err)
 	}
-	return a.Reply, nil
+	return a, nil
+}
+
+// outsideGet is proxytest.Get run by the outside client.
+func outsideGet(ns, src, url string) (workload.Reply, error) {
+	a, err := outsideDo(outsideRequest{NS: ns, Src: src, URL: url})
+	return a.Reply, err
+}
+
+// outsideEcho sends line on the outside client's connection to addr and
+// returns the answer.
+func outsideEcho(ns, addr, line string) (string, error) {
+	a, err := outsideDo(outsideRequest{NS: ns, Addr: addr, Line: line})
+	return a.Line, err
 }
 
 // outsideMain is the outside client's process.
 func outsideMain() int {
 	in, out := json.NewDecoder(os.Stdin), json.NewEncoder(os.Stdout)
+	conns, deadlines := map[string]*bufio.ReadWriter{}, map[string]net.Conn{}
 	for {
 		var req outsideRequest
 		if err := in.Decode(&req); err != nil {
 			return 0
 		}
 		var a outsideAnswer
-		r, err := proxytest.Get(req.NS, req.Src, req.URL)
-		a.Reply = r
+		var err error
+		if req.Addr == "" {
+			a.Reply, err = proxytest.Get(req.NS, req.Src, req.URL)
+		} else {
+			a.Line, err = echo(conns, deadlines, req)
+		}
 		if err != nil {
 			a.Err = err.Error()
 		}
@@ -203,6 +229,31 @@ func outsideMain() int {
 			return 1
 		}
 	}
+}
+
+// echo sends req.Line on the connection to req.Addr, dialling it first if
+// needed, and reads the answer.
+func echo(conns map[string]*bufio.ReadWriter, deadlines map[string]net.Conn, req outsideRequest) (string, error) {
+	rw := conns[req.Addr]
+	if rw == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		c, err := netnsutil.Dialer(req.NS, nil)(ctx, "tcp", req.Addr)
+		if err != nil {
+			return "", err
+		}
+		rw = bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
+		conns[req.Addr], deadlines[req.Addr] = rw, c
+	}
+	_ = deadlines[req.Addr].SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := rw.WriteString(req.Line + "\n"); err != nil {
+		return "", err
+	}
+	if err := rw.Flush(); err != nil {
+		return "", err
+	}
+	line, err := rw.ReadString('\n')
+	return strings.TrimSpace(line), err
 }
 
 // cgroupPrefix starts the name of every cgroup these tests create, followed

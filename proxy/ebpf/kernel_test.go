@@ -370,3 +370,27 @@ func filterNames(t *testing.T, dev string) []string {
 	}
 	return names
 }
+
+// TestExternalFlowSurvivesRestart: a connection from outside to a NodePort
+// (eTP Cluster: translated both ways by the per-packet programs) keeps
+// working across a restart of the backend: the conntrack maps are pinned
+// and the new programs take over the links.
+func TestExternalFlowSurvivesRestart(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a", "b")
+	n.Svcs = []*corev1.Service{proxytest.Service("np", "10.96.0.11", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30080
+		s.Spec.Ports[1].NodePort = 30081
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("np", n.Local("a"), n.Local("b"))}
+	n.Sync()
+	addr := proxytest.NodeIP + ":30081"
+	if _, err := outsideEcho(n.Ext, addr, "hello"); err != nil {
+		t.Fatalf("before the restart: %v", err)
+	}
+	n.Backend = n.NewBackend()
+	n.Sync()
+	if _, err := outsideEcho(n.Ext, addr, "after the restart"); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+}
