@@ -181,6 +181,7 @@ func (c *PolicyController) Run(ctx context.Context) {
 		case <-tick.C:
 			c.applier.ForceFull() // read the kernel back: repairs drift
 			c.applier6.ForceFull()
+			c.pending.settled = "" // and the ready sets
 		}
 		select {
 		case <-c.allocated: // this sync reads the allocations
@@ -254,7 +255,8 @@ func (c *PolicyController) sync() error {
 		}
 	}
 	rs := polipt.Render(d, cfg)
-	if c.opts.IPAMDataDir != "" && c.pending.setsMade[4] && (!c.v6.Load() || c.pending.setsMade[6]) {
+	unsettled := c.opts.IPAMDataDir != "" && fingerprint(allocs) != c.pending.settled
+	if unsettled && c.pending.setsMade[4] && (!c.v6.Load() || c.pending.setsMade[6]) {
 		// A new pod no policy selects needs no chain of its own: it may
 		// receive at once (what it sends waits for its source rule).
 		if err := c.markReady(unselected(cov, d), c.v6.Load(), seen); err != nil {
@@ -287,7 +289,7 @@ func (c *PolicyController) sync() error {
 		st.DeletedChains, st.DeletedSets = st.DeletedChains+st6.DeletedChains, st.DeletedSets+st6.DeletedSets
 		rs.Sets = append(rs.Sets, rs6.Sets...)
 	}
-	if c.opts.IPAMDataDir != "" {
+	if unsettled {
 		if err := c.markReady(cov, c.v6.Load(), seen); err != nil {
 			return fmt.Errorf("marking programmed pods ready: %w", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -37,6 +38,25 @@ type pendingState struct {
 	timer   *time.Timer            // pokes the loop at the next bound
 	// setsMade says, per family, that an apply has created the ready set.
 	setsMade [7]bool
+	// settled is the allocations' fingerprint when the last markReady
+	// left every attachment ready: while it holds, syncs skip markReady
+	// (the periodic resync clears it).
+	settled string
+}
+
+// fingerprint identifies a list of allocations (keys and addresses); it
+// is never empty, so that the zero settled matches nothing.
+func fingerprint(allocs []ipam.Allocation) string {
+	var b strings.Builder
+	b.WriteString("allocations:")
+	for _, al := range allocs {
+		b.WriteString(al.Key.String())
+		for _, a := range al.Addresses {
+			b.WriteString(" " + a.String())
+		}
+		b.WriteString(";")
+	}
+	return b.String()
 }
 
 // covered are the attachments of this node whose pod the compiled state
@@ -196,6 +216,10 @@ func (c *PolicyController) markReady(cov covered, v6 bool, seen time.Time) error
 			return err
 		}
 		ps.started = true
+		ps.settled = ""
+		if len(waiting) == 0 {
+			ps.settled = fingerprint(st.Allocations)
+		}
 		c.metrics.pending.Set(float64(len(waiting)))
 		c.armBound(waiting, now)
 		return nil
