@@ -2,7 +2,6 @@ package cni
 
 import (
 	"bytes"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -40,11 +39,10 @@ func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
 	if !errors.As(err, &notFound) {
 		return nil, fmt.Errorf("looking up bridge %s: %w", name, err)
 	}
-	mac := make(net.HardwareAddr, 6)
-	if _, err := rand.Read(mac); err != nil {
+	mac, err := randomMAC()
+	if err != nil {
 		return nil, err
 	}
-	mac[0] = mac[0]&0xfe | 0x02 // unicast, locally administered
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu, HardwareAddr: mac, Flags: net.FlagUp, TxQLen: -1}}
 	if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("creating bridge %s: %w", name, err)

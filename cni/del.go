@@ -29,12 +29,13 @@ func Del(args *CmdArgs) error {
 		return err
 	}
 	tr.mark("parse")
-	host, err := hostVeth(HostVethName(args.ContainerID, args.IfName))
+	name := HostVethName(args.ContainerID, args.IfName)
+	index, err := linkIndex(name)
 	if err != nil {
 		return err
 	}
 	tr.mark("netlink")
-	reap := startReap(host)
+	reap := startReap(name, index)
 	tr.mark("reap-start")
 	store, err := openStore(cfg)
 	if err != nil {

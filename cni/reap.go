@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 )
@@ -54,24 +56,25 @@ const reapTimeout = 5 * time.Second
 
 // reaping is a deletion asked of the reaper and not answered yet.
 type reaping struct {
-	host netlink.Link
-	conn net.Conn // nil when the reaper could not be asked
+	name  string // the host side's
+	index int
+	conn  net.Conn // nil when the reaper could not be asked
 }
 
 // startReap asks the node's reaper, starting one if none runs, to delete
-// the veth pair whose host side is host. It returns nil when there is
-// nothing to delete.
-func startReap(host netlink.Link) *reaping {
-	if host == nil {
+// the veth pair whose host side is called name and has that index (0: there
+// is none, and nothing to delete: it returns nil).
+func startReap(name string, index int) *reaping {
+	if index == 0 {
 		return nil
 	}
-	r := &reaping{host: host}
+	r := &reaping{name: name, index: index}
 	conn, err := dialReaper()
 	if err != nil {
 		return r // wait deletes the pair itself
 	}
 	_ = conn.SetDeadline(time.Now().Add(reapTimeout))
-	if _, err := fmt.Fprintf(conn, "%s %d\n", host.Attrs().Name, host.Attrs().Index); err != nil {
+	if _, err := fmt.Fprintf(conn, "%s %d\n", name, index); err != nil {
 		_ = conn.Close()
 		return r
 	}
@@ -93,10 +96,43 @@ func (r *reaping) wait() error {
 			return nil
 		}
 	}
-	if err := netlink.LinkDel(r.host); err != nil && !isNotFound(err) {
-		return fmt.Errorf("deleting %s: %w", r.host.Attrs().Name, err)
+	// By index: a newer ADD of the attachment has the name on another one.
+	h, err := openRTNL(-1)
+	if err != nil {
+		return fmt.Errorf("deleting %s: %w", r.name, err)
+	}
+	defer h.close()
+	err = h.run(nlreq{what: "deleting " + r.name, msg: newNlmsg(unix.RTM_DELLINK, 0, ifinfomsg(unix.AF_UNSPEC, int32(r.index), 0, 0))})
+	if err != nil && !isNotFound(err) {
+		return err
 	}
 	return nil
+}
+
+// linkIndex returns the index of the node's link called name, 0 if there
+// is none.
+func linkIndex(name string) (int, error) {
+	h, err := openRTNL(-1)
+	if err != nil {
+		return 0, err
+	}
+	defer h.close()
+	var link rtLink
+	var perr error
+	errs, err := h.exchange(func(_ int, typ uint16, body []byte) {
+		if typ == unix.RTM_NEWLINK {
+			link, perr = parseLink(body)
+		}
+	}, getLinkMsg(name))
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("looking up %s: %w", name, err)
+	case isNotFound(errs[0]):
+		return 0, nil
+	case errs[0] != nil || perr != nil:
+		return 0, fmt.Errorf("looking up %s: %w", name, errors.Join(errs[0], perr))
+	}
+	return link.index, nil
 }
 
 // dialReaper connects to the node's reaper, starting one if none answers.
