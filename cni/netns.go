@@ -1,18 +1,12 @@
 package cni
 
 import (
-	"errors"
 	"fmt"
-	"os"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
-
-// errNetNSGone marks a CNI_NETNS that no longer exists (or is no longer a
-// network namespace): DEL and GC treat it as already cleaned up.
-var errNetNSGone = errors.New("network namespace is gone")
 
 // podNS is an open pod network namespace and a netlink handle inside it.
 type podNS struct {
@@ -40,9 +34,6 @@ func openPodNS(path string) (*podNS, error) {
 func openNetNS(path string) (netns.NsHandle, error) {
 	fd, err := netns.GetFromPath(path)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return -1, fmt.Errorf("opening %s: %w", path, errNetNSGone)
-		}
 		return -1, fmt.Errorf("opening %s: %w", path, err)
 	}
 	var st unix.Statfs_t
@@ -53,7 +44,7 @@ func openNetNS(path string) (netns.NsHandle, error) {
 	// A bind-mounted namespace lives on nsfs; /proc/<pid>/ns/net on procfs.
 	if st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC {
 		fd.Close()
-		return -1, fmt.Errorf("%s is not a network namespace: %w", path, errNetNSGone)
+		return -1, fmt.Errorf("%s is not a network namespace", path)
 	}
 	return fd, nil
 }
