@@ -2,10 +2,13 @@
 // node's bridge and hands out its addresses from weft's own IPAM.
 //
 // One plugin process serves one command (ADD, DEL, CHECK, STATUS, GC) of the
-// CNI 1.1 specification. The plugin is deliberately lean: IPAM runs in-process
-// (no second exec as with bridge + host-local), every netlink request for the
-// pod side goes through a handle opened in the pod's namespace (no thread
-// switching), and nothing that is already in place is rewritten.
+// CNI 1.1 specification. The plugin is deliberately lean, because each
+// command is a process start: IPAM runs in-process (no second exec as with
+// bridge + host-local), the CNI protocol is served by the plugin's own
+// entry point (skel.go) rather than the reference skeleton, ADD's netlink
+// requests go in batches through a small rtnetlink client with one socket
+// per namespace (rtnl.go), and nothing that is already in place is
+// rewritten.
 //
 // Ordering is what keeps a failure from leaking: ADD allocates addresses before
 // it touches the kernel, then creates the veth pair with its peer directly in
