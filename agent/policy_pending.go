@@ -65,19 +65,27 @@ type covered map[ipam.Key][]netip.Addr
 
 // localPods returns the pods the compiler gets, with the pods of this
 // node's attachments given their attachments' addresses (the API server
-// reports them only later), and which attachments they cover.
+// reports them only later), and which attachments they cover. An
+// attachment that names its pod is covered by that pod only; an address
+// it holds is taken from any other pod of the node still reporting it (a
+// deleted pod the informer has not dropped yet).
 func (c *PolicyController) localPods(allocs []ipam.Allocation) ([]*corev1.Pod, covered) {
-	pods := make([]*corev1.Pod, 0, len(c.pods))
 	byRef := map[string][]netip.Addr{} // a pod whose sandbox was replaced may hold two attachments for a while
+	owner := map[netip.Addr]string{}
 	for _, al := range allocs {
 		if al.Pod == nil {
 			continue
 		}
-		if p := c.pods[al.Pod.Namespace+"/"+al.Pod.Name]; p != nil && (al.Pod.UID == "" || al.Pod.UID == string(p.UID)) {
-			byRef[al.Pod.Namespace+"/"+al.Pod.Name] = append(byRef[al.Pod.Namespace+"/"+al.Pod.Name], al.Addresses...)
+		key := al.Pod.Namespace + "/" + al.Pod.Name
+		if p := c.pods[key]; p != nil && p.Spec.NodeName == c.opts.NodeName && (al.Pod.UID == "" || al.Pod.UID == string(p.UID)) {
+			byRef[key] = append(byRef[key], al.Addresses...)
+			for _, a := range al.Addresses {
+				owner[a] = key
+			}
 		}
 	}
-	cov := covered{}
+	pods := make([]*corev1.Pod, 0, len(c.pods))
+	local := map[netip.Addr]string{} // address -> local pod reporting it, for attachments that name none
 	for key, p := range c.pods {
 		if p.Spec.NodeName != c.opts.NodeName || p.Spec.HostNetwork {
 			pods = append(pods, p)
@@ -85,13 +93,25 @@ func (c *PolicyController) localPods(allocs []ipam.Allocation) ([]*corev1.Pod, c
 		}
 		if addrs := byRef[key]; len(addrs) > 0 {
 			p = withIPs(p, addrs)
+		} else if ips := policy.PodIPs(p); slices.ContainsFunc(ips, func(a netip.Addr) bool { return owner[a] != "" }) {
+			p = withIPs(p, slices.DeleteFunc(slices.Clone(ips), func(a netip.Addr) bool { return owner[a] != "" }))
 		}
 		pods = append(pods, p)
-		ips := policy.PodIPs(p)
-		for _, al := range allocs {
-			if len(al.Addresses) > 0 && !slices.ContainsFunc(al.Addresses, func(a netip.Addr) bool { return !slices.Contains(ips, a) }) {
-				cov[al.Key] = al.Addresses
-			}
+		for _, a := range policy.PodIPs(p) {
+			local[a] = key
+		}
+	}
+	cov := covered{}
+	for _, al := range allocs {
+		if len(al.Addresses) == 0 {
+			continue
+		}
+		want := local[al.Addresses[0]]
+		if al.Pod != nil && owner[al.Addresses[0]] != "" {
+			want = owner[al.Addresses[0]]
+		}
+		if want != "" && !slices.ContainsFunc(al.Addresses, func(a netip.Addr) bool { return local[a] != want }) {
+			cov[al.Key] = al.Addresses
 		}
 	}
 	return pods, cov
@@ -118,11 +138,13 @@ func unselected(cov covered, d policy.Desired) covered {
 // only reads).
 func withIPs(p *corev1.Pod, addrs []netip.Addr) *corev1.Pod {
 	cp := *p
-	cp.Status.PodIPs = nil
+	cp.Status.PodIPs, cp.Status.PodIP = nil, ""
 	for _, a := range addrs {
 		cp.Status.PodIPs = append(cp.Status.PodIPs, corev1.PodIP{IP: a.String()})
 	}
-	cp.Status.PodIP = cp.Status.PodIPs[0].IP
+	if len(addrs) > 0 {
+		cp.Status.PodIP = addrs[0].String()
+	}
 	return &cp
 }
 
