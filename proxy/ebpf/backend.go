@@ -49,6 +49,11 @@ type Backend struct {
 	// NodePort addresses); tc holds what runs on each device.
 	uplinks []string
 	tc      map[string]tcAttached
+	// fibSrc: the route lookup gives the SNAT source; without it the
+	// addresses of every link are written to weft_dev_addrs (devAddrs:
+	// the ifindexes written).
+	fibSrc   bool
+	devAddrs map[uint32]bool
 	// failed: the last apply failed, the next one is full.
 	failed bool
 }
@@ -60,7 +65,12 @@ func New(cfg Config) (*Backend, error) {
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
-	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[string]tcAttached{}}, nil
+	fibSrc, err := haveFibSrc()
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[string]tcAttached{}, fibSrc: fibSrc && !cfg.TCLegacy,
+		devAddrs: map[uint32]bool{}}, nil
 }
 
 // Probe returns an error naming the first thing the backend needs that
@@ -98,14 +108,15 @@ func Probe(cfg Config) error {
 			return lacks(h.what, err)
 		}
 	}
-	return probeFibSrc()
+	return nil
 }
 
-// probeFibSrc runs bpf_fib_lookup with BPF_FIB_LOOKUP_SRC (Linux >= 6.8),
-// which the per-packet program uses to pick the node's address toward a
-// backend: a kernel without the flag rejects it with EINVAL before
-// looking anything up.
-func probeFibSrc() error {
+// haveFibSrc runs bpf_fib_lookup with BPF_FIB_LOOKUP_SRC (Linux >= 6.8),
+// with which the per-packet program has the route lookup pick the node's
+// address toward a backend (without it, the program reads the address of
+// the device the route names from a map weft writes): a kernel without the
+// flag rejects it with EINVAL before looking anything up.
+func haveFibSrc() (bool, error) {
 	const fibLookupSkipNeigh, fibLookupSrc = 1 << 2, 1 << 4
 	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1), asm.Mov.Imm(asm.R0, 0)}
 	for off := int16(-64); off < 0; off += 8 {
@@ -124,17 +135,14 @@ func probeFibSrc() error {
 	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "Dual BSD/GPL", Instructions: insns})
 	if err != nil {
-		return fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
+		return false, fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
 	}
 	defer prog.Close()
 	ret, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
 	if err != nil {
-		return fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
+		return false, fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
 	}
-	if int32(ret) == -int32(unix.EINVAL) {
-		return fmt.Errorf("ebpf mode: the kernel lacks BPF_FIB_LOOKUP_SRC (Linux >= 6.8), to pick the node's address for SNAT: %w", ebpf.ErrNotSupported)
-	}
-	return nil
+	return int32(ret) != -int32(unix.EINVAL), nil
 }
 
 // lacks names a missing kernel feature, or the probe that failed.
@@ -171,6 +179,11 @@ func (b *Backend) Sync(st model.State, full bool) error {
 	}
 	if err := b.attachDevices(); err != nil {
 		return fmt.Errorf("attaching the per-packet programs: %w", err)
+	}
+	if !b.fibSrc {
+		if err := writeDevAddrs(b.np.WeftDevAddrs, b.devAddrs); err != nil {
+			return fmt.Errorf("writing the node's addresses for SNAT: %w", err)
+		}
 	}
 	// After a failed apply the renderer has moved on while some frontends
 	// were not written: compare everything until an apply succeeds.
@@ -209,7 +222,7 @@ func (b *Backend) start() error {
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
 	var np nodeportObjects
-	if err := loadNodeportObjects(&np, opts); err != nil {
+	if err := loadNodeportWith(&np, opts, b.fibSrc); err != nil {
 		_ = objs.Close()
 		return fmt.Errorf("loading the per-packet programs: %w", err)
 	}

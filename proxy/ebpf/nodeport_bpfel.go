@@ -29,6 +29,12 @@ type nodeportCtValue struct {
 	BackendId uint32
 }
 
+type nodeportDevAddrs struct {
+	_  structs.HostLayout
+	V4 uint32
+	V6 [4]uint32
+}
+
 type nodeportNatRevValue struct {
 	_     structs.HostLayout
 	Caddr [4]uint32
@@ -81,12 +87,14 @@ type nodeportTuple struct {
 const (
 	nodeportMapWeftBackends  = "weft_backends"
 	nodeportMapWeftCt        = "weft_ct"
+	nodeportMapWeftDevAddrs  = "weft_dev_addrs"
 	nodeportMapWeftMaglev    = "weft_maglev"
 	nodeportMapWeftNatRev    = "weft_nat_rev"
 	nodeportMapWeftServices  = "weft_services"
 	nodeportMapWeftSrcRanges = "weft_src_ranges"
 	nodeportProgWeftNodeport = "weft_nodeport"
 	nodeportProgWeftReply    = "weft_reply"
+	nodeportVarFibSrc        = "fib_src"
 )
 
 // loadNodeport returns the embedded CollectionSpec for nodeport.
@@ -141,6 +149,7 @@ type nodeportProgramSpecs struct {
 type nodeportMapSpecs struct {
 	WeftBackends  *ebpf.MapSpec `ebpf:"weft_backends"`
 	WeftCt        *ebpf.MapSpec `ebpf:"weft_ct"`
+	WeftDevAddrs  *ebpf.MapSpec `ebpf:"weft_dev_addrs"`
 	WeftMaglev    *ebpf.MapSpec `ebpf:"weft_maglev"`
 	WeftNatRev    *ebpf.MapSpec `ebpf:"weft_nat_rev"`
 	WeftServices  *ebpf.MapSpec `ebpf:"weft_services"`
@@ -151,6 +160,7 @@ type nodeportMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportVariableSpecs struct {
+	FibSrc *ebpf.VariableSpec `ebpf:"fib_src"`
 }
 
 // nodeportObjects contains all objects after they have been loaded into the kernel.
@@ -175,6 +185,7 @@ func (o *nodeportObjects) Close() error {
 type nodeportMaps struct {
 	WeftBackends  *ebpf.Map `ebpf:"weft_backends"`
 	WeftCt        *ebpf.Map `ebpf:"weft_ct"`
+	WeftDevAddrs  *ebpf.Map `ebpf:"weft_dev_addrs"`
 	WeftMaglev    *ebpf.Map `ebpf:"weft_maglev"`
 	WeftNatRev    *ebpf.Map `ebpf:"weft_nat_rev"`
 	WeftServices  *ebpf.Map `ebpf:"weft_services"`
@@ -185,6 +196,7 @@ func (m *nodeportMaps) Close() error {
 	return _NodeportClose(
 		m.WeftBackends,
 		m.WeftCt,
+		m.WeftDevAddrs,
 		m.WeftMaglev,
 		m.WeftNatRev,
 		m.WeftServices,
@@ -196,6 +208,7 @@ func (m *nodeportMaps) Close() error {
 //
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportVariables struct {
+	FibSrc *ebpf.Variable `ebpf:"fib_src"`
 }
 
 // nodeportPrograms contains all programs after they have been loaded into the kernel.

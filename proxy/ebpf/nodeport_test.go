@@ -47,7 +47,12 @@ type tcEnv struct {
 	podLink uint32 // ifindex of tpp0
 }
 
-func newTCEnv(t *testing.T) *tcEnv {
+func newTCEnv(t *testing.T) *tcEnv { return newTCEnvWith(t, true) }
+
+// newTCEnvWith loads the programs with fib_src as given (false: as on a
+// kernel without BPF_FIB_LOOKUP_SRC, with the node's addresses written to
+// weft_dev_addrs).
+func newTCEnvWith(t *testing.T, fibSrc bool) *tcEnv {
 	t.Helper()
 	if testing.Short() || !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root (private network namespace), not -short")
@@ -87,6 +92,9 @@ func newTCEnv(t *testing.T) *tcEnv {
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}
+	if err := spec.Variables["fib_src"].Set(map[bool]uint8{false: 0, true: 1}[fibSrc]); err != nil {
+		t.Fatal(err)
+	}
 	e := &tcEnv{t: t}
 	if err := spec.LoadAndAssign(&e.objs, nil); err != nil {
 		t.Fatal(err)
@@ -95,6 +103,11 @@ func newTCEnv(t *testing.T) *tcEnv {
 	e.w = newWriter(writerMaps{services: e.objs.WeftServices, backends: e.objs.WeftBackends, ranges: e.objs.WeftSrcRanges,
 		maglev: e.objs.WeftMaglev})
 	e.uplink, e.podLink = ifindex(t, "tpu0"), ifindex(t, "tpp0")
+	if !fibSrc {
+		if err := writeDevAddrs(e.objs.WeftDevAddrs, map[uint32]bool{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return e
 }
 
@@ -519,4 +532,31 @@ func TestMaglevFlows(t *testing.T) {
 		t.Fatalf("%d of the %d flows on the remaining backends moved, want at most 1 %%", moved, others)
 	}
 	t.Logf("%d of %d flows on the remaining backends moved", moved, others)
+}
+
+// TestSNATWithoutFibSrc: on a kernel whose route lookup cannot give the
+// source, the program takes the address of the device the route names
+// from weft_dev_addrs: the pod device's for a local backend (IPv4 and
+// IPv6), the uplink's for a backend on another node.
+func TestSNATWithoutFibSrc(t *testing.T) {
+	e := newTCEnvWith(t, false)
+	remote := ext(netip.MustParseAddr("10.250.2.9"), 80)
+	e.program(map[FrontendKey]Frontend{
+		nodePort(nodeIP, 30080):  {Masquerade: true, Backends: backends(ext(podX, 80))},
+		nodePort(nodeIP, 30081):  {Masquerade: true, Backends: backends(remote)},
+		nodePort(nodeIP6, 30080): {Masquerade: true, Backends: backends(ext(podX6, 80))},
+	})
+	for _, tc := range []struct {
+		in       packet
+		dst, src netip.AddrPort
+	}{
+		{packet{src: ext(client, 40000), dst: ext(nodeIP, 30080)}, ext(podX, 80), ext(bridgeIP, 40000)},
+		{packet{src: ext(client, 40000), dst: ext(nodeIP, 30081)}, remote, ext(nodeIP, 40000)},
+		{packet{src: ext(client6, 40000), dst: ext(nodeIP6, 30080)}, ext(podX6, 80), ext(bridge6, 40000)},
+	} {
+		verdict, out := e.run(e.objs.WeftNodeport, e.uplink, tc.in.bytes())
+		if got := parsePacket(t, out); verdict != actRedirect || got.dst != tc.dst || got.src != tc.src {
+			t.Errorf("%s -> %s: verdict %d, %s -> %s; want redirect, %s -> %s", tc.in.src, tc.in.dst, verdict, got.src, got.dst, tc.src, tc.dst)
+		}
+	}
 }

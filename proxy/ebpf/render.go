@@ -26,8 +26,10 @@ type Config struct {
 	// bridge): the reply program runs there. A missing one is attached at
 	// a later sync, once it exists.
 	PodDevices []string
-	// TCLegacy attaches the per-packet programs as cls_bpf filters on a
-	// clsact qdisc even where the kernel has tcx.
+	// TCLegacy makes the per-packet path work as on a kernel without tcx
+	// and BPF_FIB_LOOKUP_SRC (Linux < 6.6) even where the kernel has them:
+	// cls_bpf filters on a clsact qdisc, and the SNAT source read from the
+	// addresses weft writes for every link.
 	TCLegacy bool
 }
 

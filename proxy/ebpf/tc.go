@@ -200,6 +200,68 @@ func (b *Backend) cleanupTC() error {
 	return errors.Join(errs...)
 }
 
+// loadNodeportWith loads the per-packet programs; fibSrc tells them that
+// the route lookup gives the SNAT source.
+func loadNodeportWith(np *nodeportObjects, opts *ebpf.CollectionOptions, fibSrc bool) error {
+	spec, err := loadNodeport()
+	if err != nil {
+		return err
+	}
+	v := uint8(0)
+	if fibSrc {
+		v = 1
+	}
+	if err := spec.Variables["fib_src"].Set(v); err != nil {
+		return fmt.Errorf("setting fib_src: %w", err)
+	}
+	return spec.LoadAndAssign(np, opts)
+}
+
+// writeDevAddrs writes the node's first global IPv4 and IPv6 address of
+// every link to m (the SNAT source toward a backend routed through that
+// link) and deletes the links of written that are gone.
+func writeDevAddrs(m *ebpf.Map, written map[uint32]bool) error {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("listing addresses: %w", err)
+	}
+	want := map[uint32]*nodeportDevAddrs{}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || a.Scope != unix.RT_SCOPE_UNIVERSE {
+			continue
+		}
+		ip = ip.Unmap()
+		idx := uint32(a.LinkIndex)
+		d := want[idx]
+		if d == nil {
+			d = &nodeportDevAddrs{}
+			want[idx] = d
+		}
+		if ip.Is4() && d.V4 == 0 {
+			d.V4 = toWords(ip)[3]
+		} else if ip.Is6() && d.V6 == ([4]uint32{}) {
+			d.V6 = toWords(ip)
+		}
+	}
+	for idx, d := range want {
+		if err := m.Update(idx, d, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("writing the addresses of link %d: %w", idx, err)
+		}
+		written[idx] = true
+	}
+	for idx := range written {
+		if want[idx] != nil {
+			continue
+		}
+		if err := m.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting the addresses of link %d: %w", idx, err)
+		}
+		delete(written, idx)
+	}
+	return nil
+}
+
 // uplinksOf returns the names of the links holding one of ips.
 func uplinksOf(ips []netip.Addr) ([]string, error) {
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)

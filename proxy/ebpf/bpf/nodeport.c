@@ -18,6 +18,9 @@
 //     flow whose backend left the backends map is balanced again).
 //   nat_rev: the reply's tuple (backend -> what the backend saw) -> client
 //     and frontend.
+//   dev_addrs: ifindex -> the node's IPv4 and IPv6 address on that link,
+//     the SNAT source on kernels whose route lookup cannot give it
+//     (fib_src 0; rewritten by proxy/ebpf at every sync, not pinned).
 //   src_ranges: (frontend id, source prefix), an LPM trie, for frontends
 //     with loadBalancerSourceRanges (SVC_RANGES).
 //   maglev: frontend id -> its Maglev table, an array of backend ids of
@@ -71,6 +74,15 @@ struct nat_rev_value {
 	__u32 pad;
 };
 
+struct dev_addrs {
+	__u32 v4;
+	__u32 v6[4];
+};
+
+// fib_src is set at load: the kernel's bpf_fib_lookup has
+// BPF_FIB_LOOKUP_SRC and BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.8).
+volatile const __u8 fib_src = 1;
+
 struct src_range_key {
 	__u32 prefixlen; // bits of svc_id and addr that count
 	__u32 svc_id;    // network byte order, so that it is the prefix's head
@@ -108,6 +120,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct maglev_table);
 } weft_maglev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct dev_addrs);
+	__uint(max_entries, 4096);
+} weft_dev_addrs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -245,11 +264,14 @@ static __always_inline int set_port(struct __sk_buff *skb, struct pkt *p, int ds
 }
 
 // route finds the device toward dst (and, with src, the address the node
-// sends from there); it returns the ifindex, or 0 without a route.
+// sends from there: the route's, or with fib_src 0 the device's from
+// dev_addrs); it returns the ifindex, or 0 without a route.
 static __always_inline __u32 route(struct __sk_buff *skb, const struct pkt *p, const __u32 dst[4], __u32 src[4])
 {
 	struct bpf_fib_lookup fib = {};
-	__u32 flags = BPF_FIB_LOOKUP_SKIP_NEIGH;
+	__u32 flags = fib_src ? BPF_FIB_LOOKUP_SKIP_NEIGH : 0;
+	struct dev_addrs *a;
+	long ret;
 
 	fib.l4_protocol = p->t.proto;
 	fib.ifindex = skb->ifindex;
@@ -260,18 +282,35 @@ static __always_inline __u32 route(struct __sk_buff *skb, const struct pkt *p, c
 		fib.family = AF_INET;
 		fib.ipv4_dst = dst[3];
 	}
-	if (src)
+	if (src && fib_src)
 		flags |= BPF_FIB_LOOKUP_SRC;
-	if (bpf_fib_lookup(skb, &fib, sizeof(fib), flags) != BPF_FIB_LKUP_RET_SUCCESS)
+	// Without SKIP_NEIGH an unresolved neighbour is no failure:
+	// bpf_redirect_neigh resolves it.
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), flags);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return 0;
-	if (src) {
+	if (!src)
+		return fib.ifindex;
+	if (!fib_src) {
+		a = bpf_map_lookup_elem(&weft_dev_addrs, &fib.ifindex);
+		if (!a)
+			return 0;
 		if (p->v6) {
-			copy_addr(src, fib.ipv6_src);
+			if (!(a->v6[0] | a->v6[1] | a->v6[2] | a->v6[3]))
+				return 0;
+			copy_addr(fib.ipv6_src, a->v6);
 		} else {
-			src[0] = src[1] = 0;
-			src[2] = bpf_htonl(0xffff);
-			src[3] = fib.ipv4_src;
+			if (!a->v4)
+				return 0;
+			fib.ipv4_src = a->v4;
 		}
+	}
+	if (p->v6) {
+		copy_addr(src, fib.ipv6_src);
+	} else {
+		src[0] = src[1] = 0;
+		src[2] = bpf_htonl(0xffff);
+		src[3] = fib.ipv4_src;
 	}
 	return fib.ifindex;
 }
