@@ -1,5 +1,6 @@
-// Command proxybench measures weft-proxy (iptables mode) against upstream
-// kube-proxy in iptables and in nftables mode, in one run, on the same API
+// Command proxybench measures weft-proxy (iptables mode, and nftables mode
+// as weft-nftables) against upstream kube-proxy in iptables and in nftables
+// mode, in one run, on the same API
 // server state: a lab control plane (etcd, kube-apiserver,
 // controller-manager) seeded with N selector-less ClusterIP Services, each
 // with a hand-made EndpointSlice of -endpoints ready endpoints. Each proxy
@@ -51,7 +52,7 @@ func main() {
 	sizes := flag.String("services", "1000,5000", "comma-separated numbers of Services to measure at (cumulative)")
 	perSvc := flag.Int("endpoints", 10, "ready endpoints per Service")
 	timeout := flag.Duration("timeout", 400*time.Second, "cap on each measurement (from scratch, and each change)")
-	proxies := flag.String("proxies", "weft,kp-iptables,kp-nftables", "which proxies to measure")
+	proxies := flag.String("proxies", "weft,weft-nftables,kp-iptables,kp-nftables", "which proxies to measure")
 	bin := flag.String("bin", "bin", "directory with weft-proxy, kube-proxy, kube-apiserver, kube-controller-manager, weftctl, weft-agent")
 	flag.Parse()
 

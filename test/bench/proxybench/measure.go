@@ -46,6 +46,11 @@ func subjects() []subject {
 				"--node-name", nodeName, "--node-ip", nodeIP, "--cluster-cidr", lab.ClusterCIDR,
 				"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}
 		}, []string{"iptables-save", "-t", "nat"}},
+		{"weft-nftables", func(bin, kc string) []string {
+			return []string{filepath.Join(bin, "weft-proxy"), "--kubeconfig", kc, "--mode", "nftables",
+				"--node-name", nodeName, "--node-ip", nodeIP, "--cluster-cidr", lab.ClusterCIDR,
+				"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}
+		}, []string{"nft", "list", "table", "inet", "weft"}},
 		{"kp-iptables", kp("iptables"), []string{"iptables-save", "-t", "nat"}},
 		{"kp-nftables", kp("nftables"), []string{"nft", "list", "table", "ip", "kube-proxy"}},
 	}
