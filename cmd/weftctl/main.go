@@ -11,6 +11,8 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/weftnet/weft/internal/iptmode"
 )
 
 const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ...
@@ -26,6 +28,12 @@ const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | 
 `
 
 func main() {
+	// In weft's image every iptables name links here (internal/iptmode).
+	if iptmode.IsName(os.Args[0]) {
+		err := iptmode.Wrap(os.Args)
+		fmt.Fprintln(os.Stderr, "weft iptables wrapper:", err)
+		os.Exit(1)
+	}
 	top := map[string]func([]string) error{"check": runCheck, "install-cni": installCNI}
 	if len(os.Args) >= 2 && top[os.Args[1]] != nil {
 		if err := top[os.Args[1]](os.Args[2:]); err != nil {

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/weftnet/weft/internal/iptmode"
 	"github.com/weftnet/weft/internal/ociimage"
 )
 
@@ -34,13 +35,9 @@ var Binaries = map[string]string{
 	"cni/portmap": "opt/weft/cni/portmap",
 }
 
-// iptablesLinks are the names weft calls iptables by, all of them the
-// nf_tables variant, which is what current distributions and their
-// kubelets use.
-var iptablesLinks = []string{
-	"iptables", "iptables-save", "iptables-restore",
-	"ip6tables", "ip6tables-save", "ip6tables-restore",
-}
+// wrapper is where every iptables name of the image points until its
+// first call picks the node's variant (internal/iptmode).
+const wrapper = "/usr/local/bin/weftctl"
 
 // Options say what to build.
 type Options struct {
@@ -157,16 +154,17 @@ func uniq(s []string) []string {
 }
 
 // trim removes documentation and sets what the packages' maintainer
-// scripts would have: the iptables names weft calls, and the directories
-// a running container needs.
+// scripts would have: the iptables names weft calls (pointing at the
+// wrapper that picks the node's variant), and the directories a running
+// container needs.
 func trim(rootfs string) error {
 	for _, d := range []string{"usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian", "usr/share/locale"} {
 		if err := os.RemoveAll(filepath.Join(rootfs, d)); err != nil {
 			return err
 		}
 	}
-	for _, name := range iptablesLinks {
-		if err := os.Symlink("xtables-nft-multi", filepath.Join(rootfs, "usr/sbin", name)); err != nil {
+	for _, name := range iptmode.Names {
+		if err := os.Symlink(wrapper, filepath.Join(rootfs, iptmode.SbinDir, name)); err != nil {
 			return fmt.Errorf("iptables link %s: %w", name, err)
 		}
 	}

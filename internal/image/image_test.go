@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/weftnet/weft/internal/iptmode"
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/internal/ociimage"
 )
@@ -140,6 +141,40 @@ func TestImage(t *testing.T) {
 			t.Errorf("the installed plugin answered VERSION with %q", out)
 		}
 	})
+	sbin := filepath.Join(rootfs, iptmode.SbinDir)
+	linkedTo := func(t *testing.T) map[string]bool {
+		t.Helper()
+		targets := map[string]bool{}
+		for _, n := range iptmode.Names {
+			dest, err := os.Readlink(filepath.Join(sbin, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			targets[dest] = true
+		}
+		return targets
+	}
+	t.Run("iptables mode of a legacy node", func(t *testing.T) {
+		// The node's kubelet runs legacy iptables: its hint chain is there.
+		run(t, "", nil, "xtables-legacy-multi", "iptables", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+		if out := run(t, "", nil, "iptables-save", "-t", "mangle"); !strings.Contains(out, ":KUBE-IPTABLES-HINT") {
+			t.Errorf("the wrapper did not run the legacy variant: iptables-save shows\n%s", out)
+		}
+		if got := linkedTo(t); len(got) != 1 || !got[iptmode.Legacy.Binary()] {
+			t.Errorf("after the first call the iptables names point at %v, want only %s", got, iptmode.Legacy.Binary())
+		}
+		// Back to the image's state for the next case.
+		run(t, "", nil, "xtables-legacy-multi", "iptables", "-t", "mangle", "-X", "KUBE-IPTABLES-HINT")
+		for _, n := range iptmode.Names {
+			p := filepath.Join(sbin, n)
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(wrapper, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 	t.Run("agent tools", func(t *testing.T) {
 		run(t, "*nat\n:WEFT-IMAGE-TEST - [0:0]\n-A WEFT-IMAGE-TEST -d 10.96.0.1/32 -j RETURN\nCOMMIT\n", nil, "iptables-restore", "--noflush")
 		if out := run(t, "", nil, "iptables-save", "-t", "nat"); !strings.Contains(out, "-A WEFT-IMAGE-TEST -d 10.96.0.1/32 -j RETURN") {
@@ -156,5 +191,9 @@ func TestImage(t *testing.T) {
 			t.Errorf("nft does not see the iptables-nft chain:\n%s", out)
 		}
 		run(t, "", nil, "conntrack", "-L")
+		// A node with no rules anywhere: nf_tables, as current distributions.
+		if got := linkedTo(t); len(got) != 1 || !got[iptmode.NFT.Binary()] {
+			t.Errorf("the iptables names point at %v, want only %s", got, iptmode.NFT.Binary())
+		}
 	})
 }
