@@ -100,11 +100,7 @@ func (s *DiskStore) Update(fn func(*State) error) error {
 	// left by a process that died mid-save. Removing them is best effort.
 	s.removeTemps()
 
-	st, err := s.load()
-	if err != nil {
-		return err
-	}
-	before, err := MarshalState(st)
+	st, before, err := s.load()
 	if err != nil {
 		return err
 	}
@@ -129,7 +125,7 @@ func (s *DiskStore) View(fn func(*State) error) error {
 		return err
 	}
 	defer unlock()
-	st, err := s.load()
+	st, _, err := s.load()
 	if err != nil {
 		return err
 	}
@@ -164,26 +160,38 @@ func (s *DiskStore) lock(how int) (unlock func(), err error) {
 	}, nil
 }
 
-// load reads the state file; a missing file is an empty State.
-func (s *DiskStore) load() (*State, error) {
+// load reads the state file; a missing file is an empty State. It also
+// returns what Update compares the encoding of the changed state with: the
+// file's bytes, which are MarshalState's output (one encoding less under
+// the lock; a file formatted otherwise is rewritten once), or, for a
+// missing or crash-torn file, the encoding of the empty state.
+func (s *DiskStore) load() (*State, []byte, error) {
 	path := s.StatePath()
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return NewState(), nil
+		return encoded(NewState())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read ipam state: %w", err)
+		return nil, nil, fmt.Errorf("read ipam state: %w", err)
 	}
 	st, err := UnmarshalState(b)
 	if err != nil {
 		if mark, boot := s.markedBoot(), currentBoot(); boot != "" && mark != "" && mark != boot {
 			// Saved without fsync in a boot that ended in a crash,
 			// which also ended the pods it described.
-			return NewState(), nil
+			return encoded(NewState())
 		}
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return st, nil
+	return st, b, nil
+}
+
+func encoded(st *State) (*State, []byte, error) {
+	b, err := MarshalState(st)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, b, nil
 }
 
 // save replaces the state file with b atomically, durably on the first
