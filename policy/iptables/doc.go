@@ -25,7 +25,12 @@
 //     WEFT-POL-DROP-OUT, whose DROP rule counts the drops (metrics) and which
 //     optionally log, rate-limited. Policy chains never ACCEPT, so what
 //     follows in FORWARD (the agent's and the proxy's rules) still applies to
-//     allowed packets.
+//     allowed packets;
+//   - with Config.PodPorts, WEFT-POL-SOURCE (sources.go) holds what a pod
+//     sends to its own address; with Config.PodBridges, WEFT-POL-PENDING
+//     (pending.go) holds a new pod, both ways, until the agent has put its
+//     address in the ready set (a set the backend creates but another
+//     writer fills: Ruleset.External).
 //
 // Same-node pod traffic is bridged on weft0; the kernel shows it to iptables
 // only with net.bridge.bridge-nf-call-iptables=1, which Apply ensures.
