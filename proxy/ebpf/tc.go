@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -57,7 +58,7 @@ func (b *Backend) attachDevices() error {
 		l, err := netlink.LinkByName(name)
 		if err != nil {
 			var nf netlink.LinkNotFoundError
-			if errors.As(err, &nf) && !b.isUplink(name) {
+			if errors.As(err, &nf) && !slices.Contains(b.uplinks, name) {
 				continue
 			}
 			errs = append(errs, fmt.Errorf("device %s: %w", name, err))
@@ -78,15 +79,6 @@ func (b *Backend) attachDevices() error {
 		b.tc[name] = a
 	}
 	return errors.Join(errs...)
-}
-
-func (b *Backend) isUplink(name string) bool {
-	for _, u := range b.uplinks {
-		if u == name {
-			return true
-		}
-	}
-	return false
 }
 
 func progName(p *ebpf.Program) string {
