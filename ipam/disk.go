@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -91,6 +93,7 @@ func (s *DiskStore) StatePath() string { return filepath.Join(s.dir, stateFile) 
 // Update implements Store. It holds LOCK_EX on dir/lock while it loads the
 // state, runs fn and, if fn succeeded and changed the state, saves it.
 func (s *DiskStore) Update(fn func(*State) error) error {
+	warmCodec()
 	unlock, err := s.lock(unix.LOCK_EX)
 	if err != nil {
 		return err
@@ -120,6 +123,7 @@ func (s *DiskStore) Update(fn func(*State) error) error {
 // View implements Store. It holds LOCK_SH on dir/lock while fn runs;
 // changes fn makes are discarded.
 func (s *DiskStore) View(fn func(*State) error) error {
+	warmCodec()
 	unlock, err := s.lock(unix.LOCK_SH)
 	if err != nil {
 		return err
@@ -131,6 +135,21 @@ func (s *DiskStore) View(fn func(*State) error) error {
 	}
 	return fn(st)
 }
+
+// warmCodec encodes and decodes a small state once per process, before
+// the first lock is taken. A process's first encoding builds the JSON
+// codec's caches for the state's types and grows the heap; in the CNI
+// plugin, a process per command, that is a good part of the time the
+// node-wide lock would be held, and every pod starting at the same time
+// queues behind it.
+var warmCodec = sync.OnceFunc(func() {
+	st := NewState()
+	st.put(Key{ContainerID: "warm", IfName: "eth0"}, []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()})
+	st.SetPod(Key{ContainerID: "warm", IfName: "eth0"}, &PodRef{Namespace: "warm", Name: "warm", UID: "warm"})
+	if b, err := MarshalState(st); err == nil {
+		_, _ = UnmarshalState(b)
+	}
+})
 
 // lock opens dir/lock and flocks it (blocking). The returned function
 // unlocks and closes it. The descriptor is close-on-exec, so a child
