@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/weftnet/weft/deploy"
@@ -33,10 +34,13 @@ const AgentPort = 9876
 type Options struct {
 	Nodes   int
 	Routing string // "hostgw" or "vxlan"
-	Dir     string
-	BinDir  string    // kube-apiserver, kube-controller-manager, kube-scheduler, weftctl
-	APIPort int       // the admin kubeconfig's port on the host's loopback
-	Out     io.Writer `json:"-"`
+	// ProxyMode is the agents' service proxy: iptables (default),
+	// nftables or ebpf.
+	ProxyMode string `json:"proxyMode,omitempty"`
+	Dir       string
+	BinDir    string    // kube-apiserver, kube-controller-manager, kube-scheduler, weftctl
+	APIPort   int       // the admin kubeconfig's port on the host's loopback
+	Out       io.Writer `json:"-"`
 }
 
 // State is what a running lab records in Dir/lab.json.
@@ -58,6 +62,12 @@ func Up(ctx context.Context, o Options) (err error) {
 	}
 	if o.Routing != "hostgw" && o.Routing != "vxlan" {
 		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", o.Routing)
+	}
+	if o.ProxyMode == "" {
+		o.ProxyMode = "iptables"
+	}
+	if !slices.Contains(ProxyModes, o.ProxyMode) {
+		return fmt.Errorf("--proxy-mode: %q is not one of %v", o.ProxyMode, ProxyModes)
 	}
 	if existing, _ := labNamespaces(); len(existing) > 0 {
 		return fmt.Errorf("a lab is already running (namespaces %v): run `weftctl lab down` first", existing)
@@ -126,7 +136,10 @@ func Up(ctx context.Context, o Options) (err error) {
 			return err
 		}
 	}
-	step("weft-agent and kubelet on %d nodes (routing %s), external workload", o.Nodes, o.Routing)
+	step("weft-agent and kubelet on %d nodes (routing %s, proxy %s), external workload", o.Nodes, o.Routing, o.ProxyMode)
+	if err := prepareProxyMode(o, NodeMembers(members)); err != nil {
+		return err
+	}
 	for _, p := range nodeDaemons(o, members) {
 		if _, err := start(o.Dir, p); err != nil {
 			return err
@@ -174,16 +187,17 @@ func nodeDaemons(o Options, members []Member) []Proc {
 	}}}
 	for _, n := range NodeMembers(members) {
 		nd := NodeDir(o.Dir, n.Name)
+		cg := o.nodeCgroup(n.Name)
 		procs = append(procs,
-			Proc{Name: n.Name + "-agent", NS: n.NSPath(), Args: []string{
+			Proc{Name: n.Name + "-agent", NS: n.NSPath(), Cgroup: cg, Args: append([]string{
 				filepath.Join(o.BinDir, "weft-agent"),
 				"--kubeconfig", filepath.Join(o.Dir, n.Name+"-agent.kubeconfig"), "--node-name", n.Name,
 				"--routing", o.Routing, "--cluster-cidr", ClusterCIDR, "--resync", "10s",
 				"--cni-conf-dir", filepath.Join(nd, "net.d"), "--ipam-data-dir", filepath.Join(nd, "ipam"),
 				"--healthz-addr", fmt.Sprintf(":%d", AgentPort),
-				"--node-ip", n.IP.String(), "--proxy-mode", "iptables",
-			}},
-			Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Args: []string{
+				"--node-ip", n.IP.String(),
+			}, o.proxyArgs(n.Name)...)},
+			Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Cgroup: cg, Args: []string{
 				filepath.Join(o.BinDir, "weftctl"), "lab", "kubelet", "--dir", o.Dir, "--node", n.Name,
 			}},
 		)
@@ -231,6 +245,9 @@ func Down(dir string) error {
 	}
 	stopPIDs(append(recordedPIDs(dir), inNS...), 5*time.Second)
 	var errs []error
+	if err := removeProxyMode(dir); err != nil {
+		errs = append(errs, err)
+	}
 	for _, n := range names {
 		if err := netnsutil.Delete(n); err != nil {
 			errs = append(errs, fmt.Errorf("deleting namespace %s: %w", n, err))

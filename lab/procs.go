@@ -20,6 +20,9 @@ type Proc struct {
 	NS   string   // namespace path; empty for the host's
 	Args []string // argv, Args[0] the binary
 	Env  []string // added to a minimal environment
+	// Cgroup, when set, is the cgroup v2 directory the process starts in
+	// (its children stay there too).
+	Cgroup string `json:",omitempty"`
 }
 
 func logPath(dir, name string) string { return filepath.Join(dir, "logs", name+".log") }
@@ -42,6 +45,14 @@ func start(dir string, p Proc) (int, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if p.Cgroup != "" {
+		cg, err := os.Open(p.Cgroup)
+		if err != nil {
+			return 0, fmt.Errorf("starting %s: %w", p.Name, err)
+		}
+		defer cg.Close()
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(cg.Fd())
+	}
 	run := cmd.Start
 	if p.NS != "" {
 		// The child inherits the namespace of the thread that forks it.

@@ -33,6 +33,7 @@ func labUp(args []string) error {
 	fs, dir := newFlags("up")
 	nodes := fs.Int("nodes", 3, "number of nodes")
 	routing := fs.String("routing", "hostgw", "cross-node routing: hostgw or vxlan")
+	proxyMode := fs.String("proxy-mode", "iptables", "the agents' service proxy: "+strings.Join(lab.ProxyModes, ", "))
 	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -44,7 +45,7 @@ func labUp(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return lab.Up(ctx, lab.Options{
-		Nodes: *nodes, Routing: *routing, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+		Nodes: *nodes, Routing: *routing, ProxyMode: *proxyMode, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
 	})
 }
 

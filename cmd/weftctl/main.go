@@ -1,6 +1,6 @@
 // Command weftctl is weft's operator CLI. Today it runs the lab:
 //
-//	weftctl lab up [--nodes N] [--routing hostgw|vxlan] [--dir DIR]
+//	weftctl lab up [--nodes N] [--routing hostgw|vxlan] [--proxy-mode MODE] [--dir DIR]
 //	weftctl lab status [--dir DIR]
 //	weftctl lab exec [--dir DIR] NODE|POD -- CMD [ARGS...]
 //	weftctl lab down [--dir DIR]
@@ -13,11 +13,13 @@ import (
 	"os"
 
 	"github.com/weftnet/weft/internal/iptmode"
+	"github.com/weftnet/weft/internal/netnsutil"
 )
 
 const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ...
 
-  lab up      [--nodes N] [--routing hostgw|vxlan] [--dir DIR] [--api-port PORT]
+  lab up      [--nodes N] [--routing hostgw|vxlan] [--proxy-mode iptables|nftables|ebpf]
+              [--dir DIR] [--api-port PORT]
   lab down    [--dir DIR]
   lab status  [--dir DIR]
   lab exec    [--dir DIR] NODE|POD -- CMD [ARGS...]   run CMD in the network namespace of a
@@ -28,6 +30,8 @@ const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | 
 `
 
 func main() {
+	// weftctl check dials from lab pods through helpers of itself.
+	netnsutil.ServeDialHelper()
 	// In weft's image every iptables name links here (internal/iptmode).
 	if iptmode.IsName(os.Args[0]) {
 		err := iptmode.Wrap(os.Args)

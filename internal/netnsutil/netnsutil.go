@@ -155,6 +155,7 @@ func restore(orig netns.NsHandle) {
 // returns the exit code. Without root the tests run unisolated, and those
 // that need the kernel skip (they check Isolated).
 func RunTests(m interface{ Run() int }) int {
+	ServeDialHelper()
 	code, reexeced, err := Isolate()
 	switch {
 	case reexeced:

@@ -42,9 +42,10 @@ type Result struct {
 // endpoint is something probes start from or go to.
 type endpoint struct {
 	name   string
-	nsPath string     // where a probe from it runs
-	ip     net.IP     // where probes to it go
-	node   lab.Member // the node it lives on (the node itself for nodes)
+	nsPath string       // where a probe from it runs
+	dial   lab.DialFunc // how a probe from it connects (lab.State.Dialer)
+	ip     net.IP       // where probes to it go
+	node   lab.Member   // the node it lives on (the node itself for nodes)
 }
 
 // Run deploys the probe pods, runs every probe and returns the rows. The
@@ -54,6 +55,9 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 	pods, err := deploy(ctx, c, nodes)
 	if err != nil {
 		return nil, err
+	}
+	for i := range pods {
+		pods[i].dial = st.Dialer(pods[i].nsPath)
 	}
 	if !keep {
 		defer func() {
@@ -68,7 +72,7 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 	}
 	var out []Result
 	probe := func(kind string, from, to endpoint, url string, want func(workload.Reply) error) {
-		out = append(out, probeHTTP(ctx, kind, from.name, from.nsPath, to.name, url, want, 0))
+		out = append(out, probeHTTP(ctx, kind, from.name, from.dial, to.name, url, want, 0))
 	}
 	sawFrom := func(pod string, src net.IP) func(workload.Reply) error {
 		return func(r workload.Reply) error {
@@ -116,7 +120,7 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 		}
 	}
 	for _, n := range nodes {
-		from := endpoint{name: n.Name, nsPath: n.NSPath(), node: n}
+		from := endpoint{name: n.Name, nsPath: n.NSPath(), dial: st.Dialer(n.NSPath()), node: n}
 		for _, p := range pods {
 			probe("node to pod", from, p, "http://"+net.JoinHostPort(p.ip.String(), "80")+"/", sawNode(p.name, n))
 		}
@@ -125,7 +129,7 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 		for _, n := range nodes {
 			to := endpoint{name: n.Name, ip: n.IP.AsSlice(), node: n}
 			r := Result{Kind: "pod to node", From: p.name, To: n.Name}
-			err := httpOK(ctx, p.nsPath, fmt.Sprintf("http://%s/healthz", net.JoinHostPort(to.ip.String(), fmt.Sprint(lab.AgentPort))))
+			err := httpOK(ctx, p.dial, fmt.Sprintf("http://%s/healthz", net.JoinHostPort(to.ip.String(), fmt.Sprint(lab.AgentPort))))
 			r.OK, r.Detail = err == nil, "weft-agent /healthz 200"
 			if err != nil {
 				r.Detail = err.Error()
@@ -136,15 +140,15 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 		probe("pod to external (masqueraded)", p, extEP, "http://"+net.JoinHostPort(ext.IP.String(), "80")+"/",
 			sawFrom("external", p.node.IP.AsSlice()))
 	}
-	out = append(out, services(ctx, c, pods, nodes, ext, sawNode)...)
-	out = append(out, policies(ctx, c, pods)...)
+	out = append(out, services(ctx, st, c, pods, nodes, ext, sawNode)...)
+	out = append(out, policies(ctx, st, c, pods)...)
 	return out, nil
 }
 
 // services adds the Service rows: a NodePort Service over the probe pods,
 // reached by ClusterIP from every pod and node, and by NodePort on every
 // node from the external host.
-func services(ctx context.Context, c kubernetes.Interface, pods []endpoint, nodes []lab.Member, ext lab.Member,
+func services(ctx context.Context, st *lab.State, c kubernetes.Interface, pods []endpoint, nodes []lab.Member, ext lab.Member,
 	sawNode func(string, lab.Member) func(workload.Reply) error) []Result {
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "probe"}, Spec: corev1.ServiceSpec{
 		Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "weft-check"},
@@ -168,7 +172,7 @@ func services(ctx context.Context, c kubernetes.Interface, pods []endpoint, node
 	// The proxies program the Service within moments of its endpoints; a
 	// probe may retry for a few seconds.
 	probe := func(kind, from, nsPath, to, url string, want func(workload.Reply) error) {
-		out = append(out, probeHTTP(ctx, kind, from, nsPath, to, url, want, 10*time.Second))
+		out = append(out, probeHTTP(ctx, kind, from, st.Dialer(nsPath), to, url, want, 10*time.Second))
 	}
 	vip := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "80") + "/"
 	for _, p := range pods {
@@ -255,11 +259,11 @@ func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]
 
 // probeHTTP runs one HTTP probe from the namespace at nsPath, retrying for
 // up to retry while it fails.
-func probeHTTP(ctx context.Context, kind, from, nsPath, to, url string, want func(workload.Reply) error, retry time.Duration) Result {
+func probeHTTP(ctx context.Context, kind, from string, dial lab.DialFunc, to, url string, want func(workload.Reply) error, retry time.Duration) Result {
 	r := Result{Kind: kind, From: from, To: to}
 	deadline := time.Now().Add(retry)
 	for {
-		reply, err := httpGet(ctx, nsPath, url)
+		reply, err := httpGet(ctx, dial, url)
 		if err == nil {
 			err = want(reply)
 		}
@@ -291,19 +295,19 @@ func addrsIn(nsPath string) (map[string]bool, error) {
 // probeTimeout bounds one probe: a dropped packet must not stall the table.
 const probeTimeout = 3 * time.Second
 
-// httpGet asks the workload at url from inside the namespace at nsPath.
-func httpGet(ctx context.Context, nsPath, url string) (workload.Reply, error) {
+// httpGet asks the workload at url over connections from dial.
+func httpGet(ctx context.Context, dial lab.DialFunc, url string) (workload.Reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	return workload.HTTPGetVia(ctx, netnsutil.Dialer(nsPath, nil), url)
+	return workload.HTTPGetVia(ctx, dial, url)
 }
 
-func httpOK(ctx context.Context, nsPath, url string) error {
+func httpOK(ctx context.Context, dial lab.DialFunc, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	client := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DialContext: netnsutil.Dialer(nsPath, nil), DisableKeepAlives: true}}
+	client := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 	resp, err := client.Do(req)
 	if err != nil {
 		return err

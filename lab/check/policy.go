@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/weftnet/weft/lab"
 	"github.com/weftnet/weft/lab/workload"
 )
 
@@ -24,7 +25,7 @@ const policyWait = 15 * time.Second
 // one). The second probe pod on the first node (same node) and the one on
 // the third node (other node) must be refused, the first node must still
 // reach its pod, and deleting the policy must lift the isolation.
-func policies(ctx context.Context, c kubernetes.Interface, pods []endpoint) []Result {
+func policies(ctx context.Context, st *lab.State, c kubernetes.Interface, pods []endpoint) []Result {
 	target := pods[0]
 	sameNode := pods[len(pods)-1] // probe-<node1>-b
 	var allowed, otherNode *endpoint
@@ -54,7 +55,7 @@ func policies(ctx context.Context, c kubernetes.Interface, pods []endpoint) []Re
 		out = append(out, probeRefused(ctx, kind, from, target.name, url))
 	}
 	reached := func(kind string, from endpoint) {
-		out = append(out, probeHTTP(ctx, kind, from.name, from.nsPath, target.name, url, func(r workload.Reply) error {
+		out = append(out, probeHTTP(ctx, kind, from.name, from.dial, target.name, url, func(r workload.Reply) error {
 			if r.Pod != target.name {
 				return fmt.Errorf("answered by %q, want %q", r.Pod, target.name)
 			}
@@ -68,7 +69,7 @@ func policies(ctx context.Context, c kubernetes.Interface, pods []endpoint) []Re
 	if allowed != nil {
 		reached("policy: allowed pod, other node", *allowed)
 	}
-	reached("policy: node to its isolated pod", endpoint{name: target.node.Name, nsPath: target.node.NSPath()})
+	reached("policy: node to its isolated pod", endpoint{name: target.node.Name, nsPath: target.node.NSPath(), dial: st.Dialer(target.node.NSPath())})
 	if err := api.Delete(ctx, pol.Name, metav1.DeleteOptions{}); err != nil {
 		return append(out, Result{Kind: "policy", From: "-", To: pol.Name, Detail: err.Error()})
 	}
@@ -82,7 +83,7 @@ func probeRefused(ctx context.Context, kind string, from endpoint, to, url strin
 	r := Result{Kind: kind, From: from.name, To: to}
 	deadline := time.Now().Add(policyWait)
 	for {
-		reply, err := httpGet(ctx, from.nsPath, url)
+		reply, err := httpGet(ctx, from.dial, url)
 		if err != nil {
 			r.OK, r.Detail = true, "no answer: "+err.Error()
 			return r

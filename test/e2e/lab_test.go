@@ -67,6 +67,12 @@ type cluster struct {
 
 func up(t *testing.T, nodes int, mode string) *cluster {
 	t.Helper()
+	return upProxy(t, nodes, mode, "iptables")
+}
+
+// upProxy is up with the agents' service proxy in proxyMode.
+func upProxy(t *testing.T, nodes int, mode, proxyMode string) *cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("lab test: skipped with -short")
 	}
@@ -77,7 +83,7 @@ func up(t *testing.T, nodes int, mode string) *cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var progress strings.Builder
-	err := lab.Up(ctx, lab.Options{Nodes: nodes, Routing: mode, Dir: dir, BinDir: binDir(t), APIPort: 6443, Out: &progress})
+	err := lab.Up(ctx, lab.Options{Nodes: nodes, Routing: mode, ProxyMode: proxyMode, Dir: dir, BinDir: binDir(t), APIPort: 6443, Out: &progress})
 	t.Cleanup(func() {
 		if t.Failed() {
 			dumpLogs(t, dir)

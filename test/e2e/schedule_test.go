@@ -70,7 +70,7 @@ func scheduledDeployment(t *testing.T, c *cluster, clientNS string) {
 	c.waitEndpoints(t, "spread", int(replicas))
 	answeredOn := map[string]bool{}
 	for deadline := time.Now().Add(20 * time.Second); len(answeredOn) < len(nodes); {
-		if r, err := fetch(clientNS, "http://"+svc.Spec.ClusterIP+"/"); err == nil {
+		if r, err := c.fetch(clientNS, "http://"+svc.Spec.ClusterIP+"/"); err == nil {
 			answeredOn[podNode[r.Pod]] = true
 		}
 		if time.Now().After(deadline) {

@@ -19,11 +19,12 @@ import (
 	"github.com/weftnet/weft/lab/workload"
 )
 
-// fetch GETs url from inside the namespace at nsPath.
-func fetch(nsPath, url string) (workload.Reply, error) {
+// fetch GETs url from inside the namespace at nsPath, as a process there
+// would (lab.State.Dialer).
+func (c *cluster) fetch(nsPath, url string) (workload.Reply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return workload.HTTPGetVia(ctx, netnsutil.Dialer(nsPath, nil), url)
+	return workload.HTTPGetVia(ctx, c.state.Dialer(nsPath), url)
 }
 
 func (c *cluster) pod(t *testing.T, name, node string, labels map[string]string) (*corev1.Pod, string) {
@@ -64,11 +65,21 @@ func (c *cluster) waitEndpoints(t *testing.T, svc string, ready int) {
 	}
 }
 
-// TestServices runs weft's proxy (inside weft-agent) on a lab: ClusterIP
-// from a pod and from a node, NodePort from outside, a readiness flip, and a
-// Service without endpoints.
+// TestServices runs weft's proxy (inside weft-agent) on a lab, with each
+// backend: ClusterIP from a pod and from a node, NodePort from outside, a
+// readiness flip, a Service without endpoints, a scheduled Deployment
+// behind a Service, and weftctl check.
 func TestServices(t *testing.T) {
-	c := up(t, 3, "hostgw")
+	for _, mode := range lab.ProxyModes {
+		t.Run(mode, func(t *testing.T) {
+			c := upProxy(t, 3, "hostgw", mode)
+			services(t, c)
+			c.mustCheck(t)
+		})
+	}
+}
+
+func services(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	app := map[string]string{"app": "web"}
 	c.pod(t, "web-1", "node1", app)
@@ -94,7 +105,7 @@ func TestServices(t *testing.T) {
 	answered := map[string]bool{}
 	deadline := time.Now().Add(10 * time.Second)
 	for len(answered) < 2 {
-		r, err := fetch(clientNS, vip)
+		r, err := c.fetch(clientNS, vip)
 		if err == nil {
 			if r.Client != client.Status.PodIP {
 				t.Fatalf("%s saw %s, want the client pod's %s", r.Pod, r.Client, client.Status.PodIP)
@@ -105,19 +116,19 @@ func TestServices(t *testing.T) {
 			t.Fatalf("ClusterIP from a pod: answered by %v, last error %v", answered, err)
 		}
 	}
-	if _, err := fetch(c.node("node3").NSPath(), vip); err != nil {
+	if _, err := c.fetch(c.node("node3").NSPath(), vip); err != nil {
 		t.Fatalf("ClusterIP from a node: %v", err)
 	}
 	for _, n := range []string{"node1", "node3"} {
 		// Each node's proxy syncs on its own schedule: the ClusterIP above
 		// only proved node3's.
-		r, err := fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
+		r, err := c.fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
 		for deadline := time.Now().Add(10 * time.Second); err != nil; {
 			if time.Now().After(deadline) {
 				t.Fatalf("NodePort on %s from outside: %v", n, err)
 			}
 			time.Sleep(50 * time.Millisecond)
-			r, err = fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
+			r, err = c.fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
 		}
 		// SNAT picks the address of the way out: the underlay address towards
 		// a remote endpoint, the bridge's (the podCIDR's gateway) to a local one.
@@ -126,7 +137,7 @@ func TestServices(t *testing.T) {
 			t.Fatalf("NodePort on %s: %s saw %s, want one of %s's addresses", n, r.Pod, r.Client, n)
 		}
 	}
-	if _, err := fetch(clientNS, "http://"+empty.Spec.ClusterIP+"/"); err == nil || !strings.Contains(err.Error(), "refused") {
+	if _, err := c.fetch(clientNS, "http://"+empty.Spec.ClusterIP+"/"); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("Service without endpoints: got %v, want connection refused", err)
 	}
 
@@ -138,7 +149,7 @@ func TestServices(t *testing.T) {
 	}
 	clean := 0
 	for clean < 10 {
-		r, err := fetch(clientNS, vip)
+		r, err := c.fetch(clientNS, vip)
 		switch {
 		case err != nil:
 			t.Fatalf("during the readiness flip: %v", err)
