@@ -30,10 +30,9 @@ type Config struct {
 	// (default: the cgroup v2 mount) and the bpffs directory of weft's
 	// pinned maps and links (default ebpf.DefaultPinPath).
 	CgroupRoot, BPFPinPath string
-	// eBPF mode: the uplinks the per-packet program runs on (default: the
-	// links holding NodePortIPs) and the links behind which the pods are
-	// (the CNI bridge), where replies are translated back.
-	BPFDevices, BPFPodDevices []string
+	// eBPF mode: the uplinks the per-packet programs run on (default: the
+	// links holding NodePortIPs).
+	BPFDevices []string
 }
 
 // NodePortIPs are the node addresses NodePorts answer on.
@@ -126,5 +125,5 @@ func newEBPF(c Config) (*ebpf.Backend, error) {
 		pin = ebpf.DefaultPinPath
 	}
 	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin,
-		Devices: c.BPFDevices, PodDevices: c.BPFPodDevices})
+		Devices: c.BPFDevices, Families: c.Families(), MasqueradeBit: c.MasqueradeBit, IPTablesVariant: c.IPTablesVariant})
 }

@@ -100,13 +100,12 @@ type proxyFlags struct {
 	bpfDevices    cliflag.Names
 }
 
-// config turns the flags into the proxy's configuration; bridge is the
-// pods' bridge (the ebpf mode translates replies there).
-func (f proxyFlags) config(node string, cidrs []netip.Prefix, bridge string, log *slog.Logger) proxy.Config {
+// config turns the flags into the proxy's configuration.
+func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) proxy.Config {
 	return proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
-		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFPodDevices: []string{bridge}}
+		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices}
 }
 
 func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
@@ -132,7 +131,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	var p *proxy.Proxier
 	if px.mode != "none" {
 		var err error
-		if p, _, err = proxy.Build(px.config(node, cidrs, f.bridge, log)); err != nil {
+		if p, _, err = proxy.Build(px.config(node, cidrs, log)); err != nil {
 			return err
 		}
 	}

@@ -35,7 +35,7 @@ type flags struct {
 	healthz, metrics, cgroupRoot, bpfPinPath         string
 	nodeIPs                                          cliflag.Addrs
 	clusterCIDRs, nodePortAddrs                      cliflag.Prefixes
-	bpfDevices, bpfPodDevices                        cliflag.Names
+	bpfDevices                                       cliflag.Names
 	masqAll, dryRun, cleanup, dump                   bool
 	masqBit                                          int
 	minSync, sync                                    time.Duration
@@ -57,7 +57,6 @@ func main() {
 	flag.StringVar(&f.cgroupRoot, "cgroup-root", "", "ebpf mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&f.bpfPinPath, "bpf-pin-path", ebpf.DefaultPinPath, "ebpf mode: bpffs directory for weft's pinned maps and links")
 	flag.Var(&f.bpfDevices, "bpf-devices", "ebpf mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
-	flag.Var(&f.bpfPodDevices, "bpf-pod-devices", "ebpf mode: links behind which the pods are, where replies are translated back (default weft0, weft's CNI bridge)")
 	flag.DurationVar(&f.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between syncs")
 	flag.DurationVar(&f.sync, "sync-period", time.Hour, "period of full resyncs")
 	flag.StringVar(&f.healthz, "healthz-addr", ":10256", "address for /healthz and /livez (empty: off)")
@@ -78,10 +77,7 @@ func parseConfig(f flags, log *slog.Logger) proxy.Config {
 	c := proxy.Config{Mode: f.mode, NodeName: f.node, Zone: f.zone, MasqueradeAll: f.masqAll, MasqueradeBit: f.masqBit,
 		IPTablesVariant: f.variant, MinSyncPeriod: f.minSync, SyncPeriod: f.sync, HealthCheckPorts: !f.dryRun, Log: log}
 	c.NodeIPs, c.ClusterCIDRs, c.NodePortAddresses = f.nodeIPs, f.clusterCIDRs, f.nodePortAddrs
-	c.CgroupRoot, c.BPFPinPath, c.BPFDevices, c.BPFPodDevices = f.cgroupRoot, f.bpfPinPath, f.bpfDevices, f.bpfPodDevices
-	if len(c.BPFPodDevices) == 0 {
-		c.BPFPodDevices = []string{ebpf.DefaultPodDevice}
-	}
+	c.CgroupRoot, c.BPFPinPath, c.BPFDevices = f.cgroupRoot, f.bpfPinPath, f.bpfDevices
 	return c
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/model"
 )
 
@@ -45,15 +46,12 @@ type Backend struct {
 	np    *nodeportObjects
 	links []link.Link
 	w     *writer
-	// uplinks run weft_nodeport (Config.Devices, or the links holding the
-	// NodePort addresses); tc holds what runs on each device.
+	// uplinks run weft_nodeport and weft_reply (Config.Devices, or the
+	// links holding the NodePort addresses); tc holds what runs on each
+	// side of each.
 	uplinks []string
-	tc      map[string]tcAttached
-	// fibSrc: the route lookup gives the SNAT source; without it the
-	// addresses of every link are written to weft_dev_addrs (devAddrs:
-	// the ifindexes written).
-	fibSrc   bool
-	devAddrs map[uint32]bool
+	tc      map[tcHook]tcAttached
+	ipt     iptables.Exec
 	// failed: the last apply failed, the next one is full.
 	failed bool
 }
@@ -65,12 +63,10 @@ func New(cfg Config) (*Backend, error) {
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
-	fibSrc, err := haveFibSrc()
-	if err != nil {
-		return nil, err
+	if len(cfg.Families) == 0 {
+		cfg.Families = []int{4}
 	}
-	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[string]tcAttached{}, fibSrc: fibSrc && !cfg.TCLegacy,
-		devAddrs: map[uint32]bool{}}, nil
+	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant}}, nil
 }
 
 // Probe returns an error naming the first thing the backend needs that
@@ -97,52 +93,7 @@ func Probe(cfg Config) error {
 			return lacks(h.what, err)
 		}
 	}
-	for _, h := range []struct {
-		fn   asm.BuiltinFunc
-		what string
-	}{
-		{asm.FnFibLookup, "bpf_fib_lookup in tc programs (Linux >= 4.18)"},
-		{asm.FnRedirectNeigh, "bpf_redirect_neigh in tc programs (Linux >= 5.10)"},
-	} {
-		if err := features.HaveProgramHelper(ebpf.SchedCLS, h.fn); err != nil {
-			return lacks(h.what, err)
-		}
-	}
 	return nil
-}
-
-// haveFibSrc runs bpf_fib_lookup with BPF_FIB_LOOKUP_SRC (Linux >= 6.8),
-// with which the per-packet program has the route lookup pick the node's
-// address toward a backend (without it, the program reads the address of
-// the device the route names from a map weft writes): a kernel without the
-// flag rejects it with EINVAL before looking anything up.
-func haveFibSrc() (bool, error) {
-	const fibLookupSkipNeigh, fibLookupSrc = 1 << 2, 1 << 4
-	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1), asm.Mov.Imm(asm.R0, 0)}
-	for off := int16(-64); off < 0; off += 8 {
-		insns = append(insns, asm.StoreMem(asm.RFP, off, asm.R0, asm.DWord))
-	}
-	insns = append(insns,
-		asm.Mov.Imm(asm.R0, unix.AF_INET),
-		asm.StoreMem(asm.RFP, -64, asm.R0, asm.Byte), // family
-		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -64),
-		asm.Mov.Imm(asm.R3, 64),
-		asm.Mov.Imm(asm.R4, fibLookupSkipNeigh|fibLookupSrc),
-		asm.FnFibLookup.Call(),
-		asm.Return(),
-	)
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "Dual BSD/GPL", Instructions: insns})
-	if err != nil {
-		return false, fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
-	}
-	defer prog.Close()
-	ret, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
-	if err != nil {
-		return false, fmt.Errorf("ebpf mode: probing the kernel for BPF_FIB_LOOKUP_SRC: %w", err)
-	}
-	return int32(ret) != -int32(unix.EINVAL), nil
 }
 
 // lacks names a missing kernel feature, or the probe that failed.
@@ -171,7 +122,8 @@ func isFS(path string, magic int64) error {
 // programs (reusing pinned maps and links: a restart reads the maps back
 // and swaps its programs into the links) and rewrites everything.
 func (b *Backend) Sync(st model.State, full bool) error {
-	if b.objs == nil {
+	first := b.objs == nil
+	if first {
 		if err := b.start(); err != nil {
 			return fmt.Errorf("starting the ebpf backend: %w", err)
 		}
@@ -180,9 +132,9 @@ func (b *Backend) Sync(st model.State, full bool) error {
 	if err := b.attachDevices(); err != nil {
 		return fmt.Errorf("attaching the per-packet programs: %w", err)
 	}
-	if !b.fibSrc {
-		if err := writeDevAddrs(b.np.WeftDevAddrs, b.devAddrs); err != nil {
-			return fmt.Errorf("writing the node's addresses for SNAT: %w", err)
+	if first {
+		if err := b.dropStaleTC(); err != nil {
+			return fmt.Errorf("removing per-packet programs from devices that no longer run one: %w", err)
 		}
 	}
 	// After a failed apply the renderer has moved on while some frontends
@@ -222,7 +174,7 @@ func (b *Backend) start() error {
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
 	var np nodeportObjects
-	if err := loadNodeportWith(&np, opts, b.fibSrc); err != nil {
+	if err := loadPerPacket(&np, opts, b.cfg.masqMark()); err != nil {
 		_ = objs.Close()
 		return fmt.Errorf("loading the per-packet programs: %w", err)
 	}
@@ -231,6 +183,9 @@ func (b *Backend) start() error {
 	err := w.load()
 	if err == nil {
 		err = w.dropOrphans()
+	}
+	if err == nil {
+		err = installMasq(b.ipt, b.cfg.Families, b.cfg.masqMark())
 	}
 	if err != nil {
 		_ = objs.Close()
@@ -252,6 +207,34 @@ func (b *Backend) start() error {
 	}
 	b.objs, b.np, b.links, b.w, b.uplinks = &objs, &np, links, w, uplinks
 	return nil
+}
+
+// loadPerPacket loads the per-packet programs, which mark the traffic to
+// masquerade with mark. Conntrack maps pinned by a version of weft whose
+// entries differ are removed first (their flows are lost, once).
+func loadPerPacket(np *nodeportObjects, opts *ebpf.CollectionOptions, mark uint32) error {
+	spec, err := loadNodeport()
+	if err != nil {
+		return err
+	}
+	if err := spec.Variables["masq_mark"].Set(mark); err != nil {
+		return fmt.Errorf("setting masq_mark: %w", err)
+	}
+	for _, name := range []string{"weft_ct", "weft_nat_rev"} {
+		path := filepath.Join(opts.Maps.PinPath, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			continue // none pinned: the load creates it
+		}
+		incompatible := spec.Maps[name].Compatible(m) != nil
+		_ = m.Close()
+		if incompatible {
+			if err := os.Remove(path); err != nil {
+				return fmt.Errorf("removing %s of an earlier version: %w", name, err)
+			}
+		}
+	}
+	return spec.LoadAndAssign(np, opts)
 }
 
 // attach swaps prog into the pinned link of h, or attaches and pins a new
@@ -291,6 +274,9 @@ func (b *Backend) Cleanup() error {
 	}
 	b.links = nil
 	if err := b.cleanupTC(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeMasq(b.ipt, b.cfg.Families); err != nil {
 		errs = append(errs, err)
 	}
 	if b.objs != nil {

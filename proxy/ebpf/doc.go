@@ -6,12 +6,15 @@
 //     bpf/sock.c) translate a Service address to a backend when a socket
 //     connects or sends a datagram, so east-west traffic is never NATed
 //     per packet, and show the Service address back to the application;
-//   - the per-packet path: tc ingress programs (bpf/nodeport.c, tcx or
-//     clsact + cls_bpf) on the uplinks translate traffic from outside the
-//     node to NodePorts, externalIPs and LoadBalancer IPs (Maglev choice,
-//     SNAT to the node for eTP Cluster, the client kept for eTP Local,
-//     sourceRanges), and translate the replies back there and on the pod
-//     bridge, with their own pinned conntrack.
+//   - the per-packet path: tc programs (bpf/nodeport.c, tcx or clsact +
+//     cls_bpf) on the uplinks' ingress translate the destination of
+//     traffic from outside the node to NodePorts, externalIPs and
+//     LoadBalancer IPs (Maglev choice, sourceRanges) and hand it to the
+//     kernel, which forwards it through netfilter (NetworkPolicy applies);
+//     eTP Cluster traffic carries the masquerade mark, which one constant
+//     nat rule of weft's (masq.go) masquerades; eTP Local keeps the
+//     client. Programs on the uplinks' egress translate the replies back,
+//     with their own pinned conntrack.
 //
 // Compute, then apply: Render (pure) turns the proxy model into frontends,
 // each an address, port, protocol and scope with its backend list and

@@ -100,7 +100,6 @@ func setup(t *testing.T, c *proxy.Config) {
 	})
 	bpffs := mount(t, "bpf")
 	c.CgroupRoot, c.BPFPinPath = cg, filepath.Join(bpffs, "weft")
-	c.BPFPodDevices = []string{proxytest.Bridge}
 	envs[t] = env{cgroup: cg, pin: c.BPFPinPath}
 	t.Cleanup(func() { delete(envs, t) })
 }

@@ -5,4 +5,4 @@ package ebpf
 // checks that a rebuild gives the committed bytes (BPF_OUT, when set,
 // is where that rebuild writes).
 //go:generate go tool bpf2go -output-dir=${BPF_OUT} -tags linux -target bpfel -type svc_key -type svc_value -type backend -type affinity_member sock bpf/sock.c -- -I/usr/include/x86_64-linux-gnu -O2 -Wall -Werror
-//go:generate go tool bpf2go -output-dir=${BPF_OUT} -tags linux -target bpfel -type tuple -type ct_value -type nat_rev_value -type src_range_key -type dev_addrs nodeport bpf/nodeport.c -- -I/usr/include/x86_64-linux-gnu -O2 -Wall -Werror
+//go:generate go tool bpf2go -output-dir=${BPF_OUT} -tags linux -target bpfel -type tuple -type ct_value -type nat_rev_value -type src_range_key nodeport bpf/nodeport.c -- -I/usr/include/x86_64-linux-gnu -O2 -Wall -Werror

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -124,6 +125,11 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	if err := foreign.Pin(foreignPin); err != nil {
 		t.Fatal(err)
 	}
+	// A foreign masquerade rule in nat POSTROUTING.
+	const foreignRule = "-s 10.99.0.0/16 -j MASQUERADE"
+	if out, err := exec.Command("iptables", append([]string{"-w", "-t", "nat", "-A", "POSTROUTING"}, strings.Fields(foreignRule)...)...).CombinedOutput(); err != nil {
+		t.Fatalf("adding a foreign rule: %v: %s", err, out)
+	}
 	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
 	n.Slices = nil
 	n.Sync()
@@ -132,11 +138,14 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	if got := attached(t, e.cgroup, ebpf.AttachCGroupInet4Connect); got != 2 {
 		t.Fatalf("%d connect4 programs on the cgroup, want the foreign one and weft's", got)
 	}
-	if got := tcxPrograms(t, proxytest.Uplink); len(got) != 2 {
-		t.Fatalf("tcx programs on the uplink: %v, want the foreign one and weft's", got)
+	if got := tcxPrograms(t, proxytest.Uplink, false); len(got) != 2 {
+		t.Fatalf("tcx programs on the uplink's ingress: %v, want the foreign one and weft's", got)
 	}
-	if got := tcxPrograms(t, proxytest.Bridge); len(got) != 1 {
-		t.Fatalf("tcx programs on the pod bridge: %v, want weft's", got)
+	if got := tcxPrograms(t, proxytest.Uplink, true); len(got) != 1 {
+		t.Fatalf("tcx programs on the uplink's egress: %v, want weft's", got)
+	}
+	if nat := natRules(t); !strings.Contains(nat, "-j WEFT-EBPF-POSTROUTING") || !strings.Contains(nat, foreignRule) {
+		t.Fatalf("nat table after sync: want weft's masquerade glue beside the foreign rule:\n%s", nat)
 	}
 	if r, err := proxytest.Get("", "", "http://10.96.0.10/"); err != nil || r.Pod != "a" {
 		t.Fatalf("service beside a foreign program: %+v %v", r, err)
@@ -147,11 +156,14 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	if got := attached(t, e.cgroup, ebpf.AttachCGroupInet4Connect); got != 1 {
 		t.Errorf("%d connect4 programs after cleanup, want only the foreign one", got)
 	}
-	if got := tcxPrograms(t, proxytest.Uplink); len(got) != 1 || got[0] != programID(t, foreignTC) {
-		t.Errorf("tcx programs on the uplink after cleanup: %v, want only the foreign one", got)
+	if got := tcxPrograms(t, proxytest.Uplink, false); len(got) != 1 || got[0] != programID(t, foreignTC) {
+		t.Errorf("tcx programs on the uplink's ingress after cleanup: %v, want only the foreign one", got)
 	}
-	if got := tcxPrograms(t, proxytest.Bridge); len(got) != 0 {
-		t.Errorf("tcx programs on the pod bridge after cleanup: %v, want none", got)
+	if got := tcxPrograms(t, proxytest.Uplink, true); len(got) != 0 {
+		t.Errorf("tcx programs on the uplink's egress after cleanup: %v, want none", got)
+	}
+	if nat := natRules(t); strings.Contains(nat, "WEFT-EBPF") || !strings.Contains(nat, foreignRule) {
+		t.Errorf("nat table after cleanup: want the foreign rule and nothing of weft's:\n%s", nat)
 	}
 	for _, a := range []ebpf.AttachType{ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet4GetPeername} {
 		if got := attached(t, e.cgroup, a); got != 0 {
@@ -172,14 +184,29 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	}
 }
 
-// tcxPrograms are the ids of the tcx ingress programs of a device.
-func tcxPrograms(t *testing.T, dev string) []ebpf.ProgramID {
+// natRules is the IPv4 nat table as iptables-save prints it.
+func natRules(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("iptables-save", "-t", "nat").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// tcxPrograms are the ids of the tcx ingress (or egress) programs of a
+// device.
+func tcxPrograms(t *testing.T, dev string, egress bool) []ebpf.ProgramID {
 	t.Helper()
 	ifi, err := net.InterfaceByName(dev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: ebpf.AttachTCXIngress})
+	attach := ebpf.AttachTCXIngress
+	if egress {
+		attach = ebpf.AttachTCXEgress
+	}
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifi.Index, Attach: attach})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,10 +242,10 @@ func TestRestartReadsMapsBack(t *testing.T) {
 	n.Slices = append(n.Slices, proxytest.Slice("web", n.Local("a"), n.Local("b")))
 	n.Sync()
 	before := programIDs(t, envs[t].cgroup, ebpf.AttachCGroupInet4Connect)
-	tcBefore := tcxPrograms(t, proxytest.Uplink)
+	tcBefore := tcxPrograms(t, proxytest.Uplink, false)
 	n.Backend = n.NewBackend()
 	n.Sync()
-	if tcAfter := tcxPrograms(t, proxytest.Uplink); len(tcBefore) != 1 || len(tcAfter) != 1 || tcAfter[0] == tcBefore[0] {
+	if tcAfter := tcxPrograms(t, proxytest.Uplink, false); len(tcBefore) != 1 || len(tcAfter) != 1 || tcAfter[0] == tcBefore[0] {
 		t.Fatalf("tcx programs on the uplink %v before the restart, %v after: want one, replaced", tcBefore, tcAfter)
 	}
 	if st := n.Backend.(*weftebpf.Backend).LastStats(); st.Frontends != 2 || st.BackendsAdded != 0 || st.BackendsRemoved != 0 {
@@ -284,7 +311,7 @@ func TestLegacyTC(t *testing.T) {
 	e := envs[t]
 	newLegacy := func() proxy.Backend {
 		b, err := weftebpf.New(weftebpf.Config{NodeName: proxytest.NodeName, NodePortIPs: n.Config.NodePortIPs(),
-			CgroupRoot: e.cgroup, PinPath: e.pin, PodDevices: []string{proxytest.Bridge}, TCLegacy: true})
+			CgroupRoot: e.cgroup, PinPath: e.pin, Families: n.Config.Families(), TCLegacy: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,42 +349,47 @@ func TestLegacyTC(t *testing.T) {
 			t.Fatalf("%s: %+v %v, want a seeing the node's bridge address", when, r, err)
 		}
 	}
-	want := map[string][]string{proxytest.Uplink: {"foreign", "weft_nodeport"}, proxytest.Bridge: {"weft_reply"}}
-	n.Sync()
-	get("NodePort from outside")
-	for dev, names := range want {
-		if got := filterNames(t, dev); !slices.Equal(got, names) {
-			t.Fatalf("filters on %s: %v, want %v", dev, got, names)
+	type side struct {
+		dev    string
+		egress bool
+	}
+	want := map[side][]string{{proxytest.Uplink, false}: {"foreign", "weft_nodeport"}, {proxytest.Uplink, true}: {"weft_reply"},
+		{proxytest.Bridge, false}: nil, {proxytest.Bridge, true}: nil}
+	check := func(when string) {
+		t.Helper()
+		for s, names := range want {
+			if got := filterNames(t, s.dev, s.egress); !slices.Equal(got, names) {
+				t.Fatalf("%s: filters on %s (egress %v): %v, want %v", when, s.dev, s.egress, got, names)
+			}
 		}
 	}
+	n.Sync()
+	get("NodePort from outside")
+	check("first sync")
 	n.Backend = newLegacy()
 	n.Sync()
 	get("after a restart")
-	for dev, names := range want {
-		if got := filterNames(t, dev); !slices.Equal(got, names) {
-			t.Fatalf("filters on %s after a restart: %v, want %v", dev, got, names)
-		}
-	}
+	check("after a restart")
 	if err := n.Backend.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	if got := filterNames(t, proxytest.Uplink); !slices.Equal(got, []string{"foreign"}) {
-		t.Errorf("filters on the uplink after cleanup: %v, want the foreign one", got)
-	}
-	if got := filterNames(t, proxytest.Bridge); len(got) != 0 {
-		t.Errorf("filters on the bridge after cleanup: %v, want none", got)
-	}
+	want = map[side][]string{{proxytest.Uplink, false}: {"foreign"}, {proxytest.Uplink, true}: nil}
+	check("after cleanup")
 }
 
 // filterNames are the names of the cls_bpf filters on a device's clsact
-// ingress, in priority order.
-func filterNames(t *testing.T, dev string) []string {
+// ingress (or egress), in priority order.
+func filterNames(t *testing.T, dev string, egress bool) []string {
 	t.Helper()
 	l, err := netlink.LinkByName(dev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	filters, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+	parent := uint32(netlink.HANDLE_MIN_INGRESS)
+	if egress {
+		parent = netlink.HANDLE_MIN_EGRESS
+	}
+	filters, err := netlink.FilterList(l, parent)
 	if err != nil {
 		return nil // no clsact qdisc
 	}

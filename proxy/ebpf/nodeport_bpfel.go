@@ -23,25 +23,17 @@ type nodeportBackend struct {
 type nodeportCtValue struct {
 	_         structs.HostLayout
 	Baddr     [4]uint32
-	Naddr     [4]uint32
 	Bport     uint16
-	Nport     uint16
+	Masq      uint8
+	Pad       uint8
 	BackendId uint32
-}
-
-type nodeportDevAddrs struct {
-	_  structs.HostLayout
-	V4 uint32
-	V6 [4]uint32
 }
 
 type nodeportNatRevValue struct {
 	_     structs.HostLayout
-	Caddr [4]uint32
 	Faddr [4]uint32
-	Cport uint16
 	Fport uint16
-	Pad   uint32
+	Pad   uint16
 }
 
 type nodeportSrcRangeKey struct {
@@ -87,14 +79,13 @@ type nodeportTuple struct {
 const (
 	nodeportMapWeftBackends  = "weft_backends"
 	nodeportMapWeftCt        = "weft_ct"
-	nodeportMapWeftDevAddrs  = "weft_dev_addrs"
 	nodeportMapWeftMaglev    = "weft_maglev"
 	nodeportMapWeftNatRev    = "weft_nat_rev"
 	nodeportMapWeftServices  = "weft_services"
 	nodeportMapWeftSrcRanges = "weft_src_ranges"
 	nodeportProgWeftNodeport = "weft_nodeport"
 	nodeportProgWeftReply    = "weft_reply"
-	nodeportVarFibSrc        = "fib_src"
+	nodeportVarMasqMark      = "masq_mark"
 )
 
 // loadNodeport returns the embedded CollectionSpec for nodeport.
@@ -149,7 +140,6 @@ type nodeportProgramSpecs struct {
 type nodeportMapSpecs struct {
 	WeftBackends  *ebpf.MapSpec `ebpf:"weft_backends"`
 	WeftCt        *ebpf.MapSpec `ebpf:"weft_ct"`
-	WeftDevAddrs  *ebpf.MapSpec `ebpf:"weft_dev_addrs"`
 	WeftMaglev    *ebpf.MapSpec `ebpf:"weft_maglev"`
 	WeftNatRev    *ebpf.MapSpec `ebpf:"weft_nat_rev"`
 	WeftServices  *ebpf.MapSpec `ebpf:"weft_services"`
@@ -160,7 +150,7 @@ type nodeportMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportVariableSpecs struct {
-	FibSrc *ebpf.VariableSpec `ebpf:"fib_src"`
+	MasqMark *ebpf.VariableSpec `ebpf:"masq_mark"`
 }
 
 // nodeportObjects contains all objects after they have been loaded into the kernel.
@@ -185,7 +175,6 @@ func (o *nodeportObjects) Close() error {
 type nodeportMaps struct {
 	WeftBackends  *ebpf.Map `ebpf:"weft_backends"`
 	WeftCt        *ebpf.Map `ebpf:"weft_ct"`
-	WeftDevAddrs  *ebpf.Map `ebpf:"weft_dev_addrs"`
 	WeftMaglev    *ebpf.Map `ebpf:"weft_maglev"`
 	WeftNatRev    *ebpf.Map `ebpf:"weft_nat_rev"`
 	WeftServices  *ebpf.Map `ebpf:"weft_services"`
@@ -196,7 +185,6 @@ func (m *nodeportMaps) Close() error {
 	return _NodeportClose(
 		m.WeftBackends,
 		m.WeftCt,
-		m.WeftDevAddrs,
 		m.WeftMaglev,
 		m.WeftNatRev,
 		m.WeftServices,
@@ -208,7 +196,7 @@ func (m *nodeportMaps) Close() error {
 //
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportVariables struct {
-	FibSrc *ebpf.Variable `ebpf:"fib_src"`
+	MasqMark *ebpf.Variable `ebpf:"masq_mark"`
 }
 
 // nodeportPrograms contains all programs after they have been loaded into the kernel.

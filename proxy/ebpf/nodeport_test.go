@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net/netip"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -15,75 +13,37 @@ import (
 )
 
 // The per-packet programs run through BPF_PROG_TEST_RUN on crafted
-// packets. The test's private namespace has an uplink (tpu0, 203.0.113.1
-// and 2001:db8:1::1) and a pod device (tpp0, 10.250.1.1 and
-// 2001:db8:2::1) so that the programs' route lookups find the device and
-// source address a real node would.
+// packets (they translate addresses and ports and set skb->mark; the
+// kernel routes the packets, so no device of a node is needed here).
 var (
-	client   = netip.MustParseAddr("203.0.113.100")
-	client2  = netip.MustParseAddr("203.0.113.101")
-	nodeIP   = netip.MustParseAddr("203.0.113.1")
-	bridgeIP = netip.MustParseAddr("10.250.1.1")
-	podX     = netip.MustParseAddr("10.250.1.2")
-	podY     = netip.MustParseAddr("10.250.1.3")
-	client6  = netip.MustParseAddr("2001:db8:1::100")
-	nodeIP6  = netip.MustParseAddr("2001:db8:1::1")
-	bridge6  = netip.MustParseAddr("2001:db8:2::1")
-	podX6    = netip.MustParseAddr("2001:db8:2::2")
+	client  = netip.MustParseAddr("203.0.113.100")
+	client2 = netip.MustParseAddr("203.0.113.101")
+	nodeIP  = netip.MustParseAddr("203.0.113.1")
+	podX    = netip.MustParseAddr("10.250.1.2")
+	podY    = netip.MustParseAddr("10.250.1.3")
+	client6 = netip.MustParseAddr("2001:db8:1::100")
+	nodeIP6 = netip.MustParseAddr("2001:db8:1::1")
+	podX6   = netip.MustParseAddr("2001:db8:2::2")
 )
 
 const (
-	actOK       = 0
-	actShot     = 2
-	actRedirect = 7
+	actOK   = 0
+	actShot = 2
+	// masqBit is the default masquerade mark (Config.MasqueradeBit 0).
+	masqBit = 0x4000
 )
 
 // tcEnv is the programs on fresh, unpinned maps, written by the writer.
 type tcEnv struct {
-	t       *testing.T
-	objs    nodeportObjects
-	w       *writer
-	uplink  uint32 // ifindex of tpu0
-	podLink uint32 // ifindex of tpp0
+	t    *testing.T
+	objs nodeportObjects
+	w    *writer
 }
 
-func newTCEnv(t *testing.T) *tcEnv { return newTCEnvWith(t, true) }
-
-// newTCEnvWith loads the programs with fib_src as given (false: as on a
-// kernel without BPF_FIB_LOOKUP_SRC, with the node's addresses written to
-// weft_dev_addrs).
-func newTCEnvWith(t *testing.T, fibSrc bool) *tcEnv {
+func newTCEnv(t *testing.T) *tcEnv {
 	t.Helper()
 	if testing.Short() || !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root (private network namespace), not -short")
-	}
-	for _, args := range [][]string{
-		{"link", "add", "tpu0", "type", "veth", "peer", "name", "tpu1"},
-		{"link", "add", "tpp0", "type", "veth", "peer", "name", "tpp1"},
-		{"addr", "add", "203.0.113.1/24", "dev", "tpu0"},
-		{"addr", "add", "10.250.1.1/24", "dev", "tpp0"},
-		{"-6", "addr", "add", "2001:db8:1::1/64", "dev", "tpu0", "nodad"},
-		{"-6", "addr", "add", "2001:db8:2::1/64", "dev", "tpp0", "nodad"},
-		{"link", "set", "tpu0", "up"},
-		{"link", "set", "tpp0", "up"},
-		{"link", "set", "tpu1", "up"},
-		{"link", "set", "tpp1", "up"},
-		// Pods of another node, behind a router on the uplink.
-		{"route", "add", "10.250.2.0/24", "via", "203.0.113.254", "dev", "tpu0"},
-	} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "link", "del", "tpu0").Run()
-		_ = exec.Command("ip", "link", "del", "tpp0").Run()
-	})
-	// The programs look routes up as for a forwarded packet.
-	for _, p := range []string{"/proc/sys/net/ipv4/conf/all/forwarding", "/proc/sys/net/ipv6/conf/all/forwarding"} {
-		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	spec, err := loadNodeport()
 	if err != nil {
@@ -92,9 +52,6 @@ func newTCEnvWith(t *testing.T, fibSrc bool) *tcEnv {
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}
-	if err := spec.Variables["fib_src"].Set(map[bool]uint8{false: 0, true: 1}[fibSrc]); err != nil {
-		t.Fatal(err)
-	}
 	e := &tcEnv{t: t}
 	if err := spec.LoadAndAssign(&e.objs, nil); err != nil {
 		t.Fatal(err)
@@ -102,25 +59,7 @@ func newTCEnvWith(t *testing.T, fibSrc bool) *tcEnv {
 	t.Cleanup(func() { _ = e.objs.Close() })
 	e.w = newWriter(writerMaps{services: e.objs.WeftServices, backends: e.objs.WeftBackends, ranges: e.objs.WeftSrcRanges,
 		maglev: e.objs.WeftMaglev})
-	e.uplink, e.podLink = ifindex(t, "tpu0"), ifindex(t, "tpp0")
-	if !fibSrc {
-		if err := writeDevAddrs(e.objs.WeftDevAddrs, map[uint32]bool{}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	return e
-}
-
-func ifindex(t *testing.T, name string) uint32 {
-	out, err := os.ReadFile("/sys/class/net/" + name + "/ifindex")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var i uint32
-	for _, c := range bytes.TrimSpace(out) {
-		i = i*10 + uint32(c-'0')
-	}
-	return i
 }
 
 // program writes the frontends (all of them: the maps end up holding
@@ -132,24 +71,37 @@ func (e *tcEnv) program(fronts map[FrontendKey]Frontend) {
 	}
 }
 
-// skbContext is the start of struct __sk_buff up to ifindex, the device
-// the test packet arrives on.
+// skbContext is struct __sk_buff as the test sets it (256 bytes, at least
+// the kernel's size): the mark the packet has before and after the
+// program, and the device it is on (lo).
 type skbContext struct {
-	_       [10]uint32
+	_       [2]uint32
+	Mark    uint32
+	_       [7]uint32
 	Ifindex uint32
+	// the rest of struct __sk_buff, zero (the kernel fills it when it
+	// hands the context back)
+	_ [53]uint32
 }
 
-// run runs prog on pkt arriving on device ifindex; it returns the verdict
-// and the packet as the program left it.
-func (e *tcEnv) run(prog *ebpf.Program, ifindex uint32, pkt []byte) (uint32, []byte) {
+// run runs prog on pkt; it returns the verdict, the packet as the
+// program left it and its mark.
+func (e *tcEnv) run(prog *ebpf.Program, pkt []byte) (uint32, []byte) {
+	v, out, _ := e.runMark(prog, pkt, 0)
+	return v, out
+}
+
+// runMark runs prog on pkt carrying mark.
+func (e *tcEnv) runMark(prog *ebpf.Program, pkt []byte, mark uint32) (uint32, []byte, uint32) {
 	e.t.Helper()
 	out := make([]byte, len(pkt)+256)
-	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: skbContext{Ifindex: ifindex}}
+	var ctxOut skbContext
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: skbContext{Mark: mark, Ifindex: 1}, ContextOut: &ctxOut}
 	ret, err := prog.Run(opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return ret, opts.DataOut
+	return ret, opts.DataOut, ctxOut.Mark
 }
 
 // packet is a parsed or crafted TCP or UDP packet over Ethernet.
@@ -278,77 +230,58 @@ func nodePort(a netip.Addr, port uint16) FrontendKey {
 	return FrontendKey{Addr: a, Port: port, Protocol: model.TCP, External: true}
 }
 
-// TestNodePortTranslation: a packet to an eTP Cluster NodePort is
-// translated to a backend and SNATed to the node's address toward it
-// (the pod device's), the client's port kept; the flow's next packet goes
-// to the same backend; the backend's reply, through the pod device's
-// program, is translated back to come from the NodePort. Checksums hold
+// TestNodePortTranslation: a packet to an eTP Cluster NodePort gets a
+// backend as destination, keeps the client as source (the kernel forwards
+// it: NetworkPolicy sees the client) and carries the masquerade bit beside
+// the mark bits it had; the flow's next packet goes to the same backend;
+// the backend's reply, as it leaves toward the client after conntrack
+// (backend -> client), gets the NodePort back as source. Checksums hold
 // after every rewrite.
 func TestNodePortTranslation(t *testing.T) {
 	e := newTCEnv(t)
 	e.program(map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Masquerade: true,
 		Backends: backends(ext(podX, 80), ext(podY, 80))}})
 	in := packet{src: ext(client, 40000), dst: ext(nodeIP, 30080)}
-	verdict, out := e.run(e.objs.WeftNodeport, e.uplink, in.bytes())
-	if verdict != actRedirect {
-		t.Fatalf("verdict %d, want redirect (%d)", verdict, actRedirect)
+	verdict, out, mark := e.runMark(e.objs.WeftNodeport, in.bytes(), 0x1)
+	if verdict != actOK {
+		t.Fatalf("verdict %d, want the stack's (%d)", verdict, actOK)
+	}
+	if mark != 0x1|masqBit {
+		t.Fatalf("mark %#x, want the packet's own %#x and the masquerade bit %#x", mark, 0x1, masqBit)
 	}
 	got := parsePacket(t, out)
 	if got.dst != ext(podX, 80) && got.dst != ext(podY, 80) {
 		t.Fatalf("translated to %s, want a backend", got.dst)
 	}
-	if got.src != ext(bridgeIP, 40000) {
-		t.Fatalf("source %s, want the node's address toward the backend with the client's port, %s", got.src, ext(bridgeIP, 40000))
+	if got.src != in.src {
+		t.Fatalf("source %s, want the client's %s (the masquerade is the kernel's)", got.src, in.src)
 	}
 	for range 10 {
-		if _, again := e.run(e.objs.WeftNodeport, e.uplink, in.bytes()); parsePacket(t, again).dst != got.dst {
+		if _, again := e.run(e.objs.WeftNodeport, in.bytes()); parsePacket(t, again).dst != got.dst {
 			t.Fatalf("the flow's next packet went to %s, its first to %s", parsePacket(t, again).dst, got.dst)
 		}
 	}
 	reply := packet{src: got.dst, dst: got.src}
-	verdict, back := e.run(e.objs.WeftReply, e.podLink, reply.bytes())
-	if verdict != actRedirect {
-		t.Fatalf("reply verdict %d, want redirect", verdict)
+	verdict, back := e.run(e.objs.WeftReply, reply.bytes())
+	if verdict != actOK {
+		t.Fatalf("reply verdict %d, want the stack's", verdict)
 	}
 	if r := parsePacket(t, back); r.src != in.dst || r.dst != in.src {
 		t.Fatalf("reply translated to %s -> %s, want %s -> %s", r.src, r.dst, in.dst, in.src)
 	}
-	// Another client with the same port: the backend must tell the flows
-	// apart, so it gets another port.
-	one := map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Masquerade: true, Backends: backends(ext(podX, 80))}}
-	e.program(one)
-	first := parsePacket(t, second(e.run(e.objs.WeftNodeport, e.uplink, packet{src: ext(client, 41000), dst: ext(nodeIP, 30080)}.bytes())))
-	other := parsePacket(t, second(e.run(e.objs.WeftNodeport, e.uplink, packet{src: ext(client2, 41000), dst: ext(nodeIP, 30080)}.bytes())))
-	if first.src == other.src {
-		t.Fatalf("two clients' flows both SNATed to %s", first.src)
+	// The ingress program leaves a reply alone: the kernel's conntrack
+	// must see it as the backend sent it.
+	if verdict, out := e.run(e.objs.WeftNodeport, reply.bytes()); verdict != actOK || !bytes.Equal(out, reply.bytes()) {
+		t.Fatalf("a reply through the ingress program: verdict %d, changed %v", verdict, !bytes.Equal(out, reply.bytes()))
 	}
 }
 
 func second(_ uint32, b []byte) []byte { return b }
 
-// TestNodePortRemoteBackend: a backend on another node is reached through
-// the uplink, SNATed to the uplink's address; its reply comes back on the
-// uplink, where weft_nodeport translates it back.
-func TestNodePortRemoteBackend(t *testing.T) {
-	e := newTCEnv(t)
-	remote := ext(netip.MustParseAddr("10.250.2.9"), 80)
-	e.program(map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Masquerade: true, Backends: backends(remote)}})
-	in := packet{src: ext(client, 40000), dst: ext(nodeIP, 30080)}
-	verdict, out := e.run(e.objs.WeftNodeport, e.uplink, in.bytes())
-	got := parsePacket(t, out)
-	if verdict != actRedirect || got.dst != remote || got.src != ext(nodeIP, 40000) {
-		t.Fatalf("verdict %d, %s -> %s; want redirect, %s -> %s", verdict, got.src, got.dst, ext(nodeIP, 40000), remote)
-	}
-	verdict, back := e.run(e.objs.WeftNodeport, e.uplink, packet{src: remote, dst: got.src}.bytes())
-	if r := parsePacket(t, back); verdict != actRedirect || r.src != in.dst || r.dst != in.src {
-		t.Fatalf("reply: verdict %d, %s -> %s; want redirect, %s -> %s", verdict, r.src, r.dst, in.dst, in.src)
-	}
-}
-
-// TestNodePortLocalPolicy: eTP Local keeps the client's address and uses
-// the local endpoint; without one (endpoints elsewhere only) packets are
-// dropped; without any endpoint the stack gets them (it refuses, as for a
-// port nobody listens on).
+// TestNodePortLocalPolicy: eTP Local keeps the client's address, uses the
+// local endpoint and marks nothing for masquerade; without one (endpoints
+// elsewhere only) packets are dropped; without any endpoint the stack gets
+// them (it refuses, as for a port nobody listens on).
 func TestNodePortLocalPolicy(t *testing.T) {
 	e := newTCEnv(t)
 	e.program(map[FrontendKey]Frontend{
@@ -357,21 +290,21 @@ func TestNodePortLocalPolicy(t *testing.T) {
 		nodePort(nodeIP, 30083): {Verdict: Reject},
 	})
 	in := packet{src: ext(client, 40001), dst: ext(nodeIP, 30081)}
-	verdict, out := e.run(e.objs.WeftNodeport, e.uplink, in.bytes())
-	if got := parsePacket(t, out); verdict != actRedirect || got.src != in.src || got.dst != ext(podY, 80) {
-		t.Fatalf("verdict %d, %s -> %s; want redirect, %s -> %s", verdict, got.src, got.dst, in.src, ext(podY, 80))
+	verdict, out, mark := e.runMark(e.objs.WeftNodeport, in.bytes(), 0)
+	if got := parsePacket(t, out); verdict != actOK || mark != 0 || got.src != in.src || got.dst != ext(podY, 80) {
+		t.Fatalf("verdict %d, mark %#x, %s -> %s; want %d, no mark, %s -> %s", verdict, mark, got.src, got.dst, actOK, in.src, ext(podY, 80))
 	}
 	reply := packet{src: ext(podY, 80), dst: in.src}
-	verdict, back := e.run(e.objs.WeftReply, e.podLink, reply.bytes())
-	if r := parsePacket(t, back); verdict != actRedirect || r.src != in.dst || r.dst != in.src {
-		t.Fatalf("reply: verdict %d, %s -> %s; want redirect, %s -> %s", verdict, r.src, r.dst, in.dst, in.src)
+	verdict, back := e.run(e.objs.WeftReply, reply.bytes())
+	if r := parsePacket(t, back); verdict != actOK || r.src != in.dst || r.dst != in.src {
+		t.Fatalf("reply: verdict %d, %s -> %s; want %d, %s -> %s", verdict, r.src, r.dst, actOK, in.dst, in.src)
 	}
 	drop := packet{src: ext(client, 40002), dst: ext(nodeIP, 30082)}.bytes()
-	if verdict, _ := e.run(e.objs.WeftNodeport, e.uplink, drop); verdict != actShot {
+	if verdict, _ := e.run(e.objs.WeftNodeport, drop); verdict != actShot {
 		t.Fatalf("no local endpoint: verdict %d, want drop (%d)", verdict, actShot)
 	}
 	reject := packet{src: ext(client, 40003), dst: ext(nodeIP, 30083)}.bytes()
-	if verdict, out := e.run(e.objs.WeftNodeport, e.uplink, reject); verdict != actOK || !bytes.Equal(out, reject) {
+	if verdict, out := e.run(e.objs.WeftNodeport, reject); verdict != actOK || !bytes.Equal(out, reject) {
 		t.Fatalf("no endpoint: verdict %d (want %d), packet changed: %v", verdict, actOK, !bytes.Equal(out, reject))
 	}
 }
@@ -392,11 +325,11 @@ func TestNonServiceTrafficUntouched(t *testing.T) {
 		"a pod's own traffic":              packet{src: ext(podX, 5555), dst: ext(client, 443)}.bytes(),
 		"ARP":                              arp,
 		"IPv6 to a port with no frontend":  packet{src: ext(client6, 40000), dst: ext(nodeIP6, 30080)}.bytes(),
-		"a reply of a flow never balanced": packet{src: ext(podX, 80), dst: ext(bridgeIP, 40000)}.bytes(),
+		"a reply of a flow never balanced": packet{src: ext(podX, 80), dst: ext(client, 40000)}.bytes(),
 	} {
 		for _, prog := range []*ebpf.Program{e.objs.WeftNodeport, e.objs.WeftReply} {
-			if verdict, out := e.run(prog, e.uplink, pkt); verdict != actOK || !bytes.Equal(out, pkt) {
-				t.Errorf("%s through %s: verdict %d, changed %v; want it passed untouched", name, progName(prog), verdict, !bytes.Equal(out, pkt))
+			if verdict, out, mark := e.runMark(prog, pkt, 0); verdict != actOK || !bytes.Equal(out, pkt) || mark != 0 {
+				t.Errorf("%s through %s: verdict %d, changed %v, mark %#x; want it passed untouched", name, progName(prog), verdict, !bytes.Equal(out, pkt), mark)
 			}
 		}
 	}
@@ -410,9 +343,9 @@ func TestUDPChecksums(t *testing.T) {
 	e.program(map[FrontendKey]Frontend{k: {Masquerade: true, Backends: backends(ext(podX, 53))}})
 	for _, zero := range []bool{true, false} {
 		in := packet{src: ext(client, 50000), dst: ext(nodeIP, 30053), udp: true, zeroUDPCsum: zero}
-		verdict, out := e.run(e.objs.WeftNodeport, e.uplink, in.bytes())
+		verdict, out := e.run(e.objs.WeftNodeport, in.bytes())
 		got := parsePacket(t, out)
-		if verdict != actRedirect || got.dst != ext(podX, 53) || got.src.Addr() != bridgeIP {
+		if verdict != actOK || got.dst != ext(podX, 53) || got.src != in.src {
 			t.Fatalf("zero checksum %v: verdict %d, %s -> %s", zero, verdict, got.src, got.dst)
 		}
 		if got.zeroUDPCsum != zero {
@@ -427,13 +360,13 @@ func TestNodePortIPv6(t *testing.T) {
 	e := newTCEnv(t)
 	e.program(map[FrontendKey]Frontend{nodePort(nodeIP6, 30080): {Masquerade: true, Backends: backends(ext(podX6, 80))}})
 	in := packet{src: ext(client6, 40000), dst: ext(nodeIP6, 30080)}
-	verdict, out := e.run(e.objs.WeftNodeport, e.uplink, in.bytes())
+	verdict, out := e.run(e.objs.WeftNodeport, in.bytes())
 	got := parsePacket(t, out)
-	if verdict != actRedirect || got.dst != ext(podX6, 80) || got.src != ext(bridge6, 40000) {
-		t.Fatalf("verdict %d, %s -> %s; want redirect, %s -> %s", verdict, got.src, got.dst, ext(bridge6, 40000), ext(podX6, 80))
+	if verdict != actOK || got.dst != ext(podX6, 80) || got.src != in.src {
+		t.Fatalf("verdict %d, %s -> %s; want %d, %s -> %s", verdict, got.src, got.dst, actOK, in.src, ext(podX6, 80))
 	}
-	verdict, back := e.run(e.objs.WeftReply, e.podLink, packet{src: got.dst, dst: got.src}.bytes())
-	if r := parsePacket(t, back); verdict != actRedirect || r.src != in.dst || r.dst != in.src {
+	verdict, back := e.run(e.objs.WeftReply, packet{src: got.dst, dst: got.src}.bytes())
+	if r := parsePacket(t, back); verdict != actOK || r.src != in.dst || r.dst != in.src {
 		t.Fatalf("reply: verdict %d, %s -> %s", verdict, r.src, r.dst)
 	}
 }
@@ -445,14 +378,14 @@ func TestSourceRanges(t *testing.T) {
 	lb := netip.MustParseAddr("192.0.2.10")
 	e.program(map[FrontendKey]Frontend{{Addr: lb, Port: 80, Protocol: model.TCP, External: true}: {Masquerade: true,
 		Backends: backends(ext(podX, 80)), SourceRanges: []netip.Prefix{netip.MustParsePrefix("203.0.113.96/29")}}})
-	if verdict, _ := e.run(e.objs.WeftNodeport, e.uplink, packet{src: ext(client, 40000), dst: ext(lb, 80)}.bytes()); verdict != actRedirect {
-		t.Fatalf("client in the range: verdict %d, want redirect", verdict)
-	}
-	if verdict, _ := e.run(e.objs.WeftNodeport, e.uplink, packet{src: ext(client2, 40000), dst: ext(lb, 80)}.bytes()); verdict != actRedirect {
-		t.Fatalf("second client in the range: verdict %d, want redirect", verdict)
+	for _, c := range []netip.Addr{client, client2} {
+		verdict, out := e.run(e.objs.WeftNodeport, packet{src: ext(c, 40000), dst: ext(lb, 80)}.bytes())
+		if got := parsePacket(t, out); verdict != actOK || got.dst != ext(podX, 80) {
+			t.Fatalf("client %s in the range: verdict %d, to %s; want %d, to %s", c, verdict, got.dst, actOK, ext(podX, 80))
+		}
 	}
 	outside := netip.MustParseAddr("203.0.113.200")
-	if verdict, _ := e.run(e.objs.WeftNodeport, e.uplink, packet{src: ext(outside, 40000), dst: ext(lb, 80)}.bytes()); verdict != actShot {
+	if verdict, _ := e.run(e.objs.WeftNodeport, packet{src: ext(outside, 40000), dst: ext(lb, 80)}.bytes()); verdict != actShot {
 		t.Fatalf("client outside the range: verdict %d, want drop", verdict)
 	}
 }
@@ -463,11 +396,11 @@ func TestFlowLeavesRemovedBackend(t *testing.T) {
 	e := newTCEnv(t)
 	e.program(map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Masquerade: true, Backends: backends(ext(podX, 80))}})
 	in := packet{src: ext(client, 40000), dst: ext(nodeIP, 30080)}.bytes()
-	if got := parsePacket(t, second(e.run(e.objs.WeftNodeport, e.uplink, in))); got.dst != ext(podX, 80) {
+	if got := parsePacket(t, second(e.run(e.objs.WeftNodeport, in))); got.dst != ext(podX, 80) {
 		t.Fatalf("first packet to %s", got.dst)
 	}
 	e.program(map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Masquerade: true, Backends: backends(ext(podY, 80))}})
-	if got := parsePacket(t, second(e.run(e.objs.WeftNodeport, e.uplink, in))); got.dst != ext(podY, 80) {
+	if got := parsePacket(t, second(e.run(e.objs.WeftNodeport, in))); got.dst != ext(podY, 80) {
 		t.Fatalf("after the backend was replaced the flow went to %s, want %s", got.dst, ext(podY, 80))
 	}
 }
@@ -502,7 +435,7 @@ func TestMaglevFlows(t *testing.T) {
 		var got []netip.AddrPort
 		for i := range 4000 {
 			src := ext(netip.AddrFrom4([4]byte{203, 0, 113, byte(100 + i%50)}), uint16(20000+i))
-			got = append(got, parsePacket(t, second(e.run(e.objs.WeftNodeport, e.uplink, packet{src: src, dst: ext(nodeIP, 30080)}.bytes()))).dst)
+			got = append(got, parsePacket(t, second(e.run(e.objs.WeftNodeport, packet{src: src, dst: ext(nodeIP, 30080)}.bytes()))).dst)
 		}
 		return got
 	}
@@ -532,31 +465,4 @@ func TestMaglevFlows(t *testing.T) {
 		t.Fatalf("%d of the %d flows on the remaining backends moved, want at most 1 %%", moved, others)
 	}
 	t.Logf("%d of %d flows on the remaining backends moved", moved, others)
-}
-
-// TestSNATWithoutFibSrc: on a kernel whose route lookup cannot give the
-// source, the program takes the address of the device the route names
-// from weft_dev_addrs: the pod device's for a local backend (IPv4 and
-// IPv6), the uplink's for a backend on another node.
-func TestSNATWithoutFibSrc(t *testing.T) {
-	e := newTCEnvWith(t, false)
-	remote := ext(netip.MustParseAddr("10.250.2.9"), 80)
-	e.program(map[FrontendKey]Frontend{
-		nodePort(nodeIP, 30080):  {Masquerade: true, Backends: backends(ext(podX, 80))},
-		nodePort(nodeIP, 30081):  {Masquerade: true, Backends: backends(remote)},
-		nodePort(nodeIP6, 30080): {Masquerade: true, Backends: backends(ext(podX6, 80))},
-	})
-	for _, tc := range []struct {
-		in       packet
-		dst, src netip.AddrPort
-	}{
-		{packet{src: ext(client, 40000), dst: ext(nodeIP, 30080)}, ext(podX, 80), ext(bridgeIP, 40000)},
-		{packet{src: ext(client, 40000), dst: ext(nodeIP, 30081)}, remote, ext(nodeIP, 40000)},
-		{packet{src: ext(client6, 40000), dst: ext(nodeIP6, 30080)}, ext(podX6, 80), ext(bridge6, 40000)},
-	} {
-		verdict, out := e.run(e.objs.WeftNodeport, e.uplink, tc.in.bytes())
-		if got := parsePacket(t, out); verdict != actRedirect || got.dst != tc.dst || got.src != tc.src {
-			t.Errorf("%s -> %s: verdict %d, %s -> %s; want redirect, %s -> %s", tc.in.src, tc.in.dst, verdict, got.src, got.dst, tc.src, tc.dst)
-		}
-	}
 }

@@ -11,11 +11,6 @@ import (
 // DefaultPinPath is where weft pins its maps and links by default.
 const DefaultPinPath = "/sys/fs/bpf/weft"
 
-// DefaultPodDevice is weft-proxy's default link behind which the pods are:
-// the bridge of weft's CNI plugin (cni.DefaultBridge; weft-agent passes
-// its --bridge).
-const DefaultPodDevice = "weft0"
-
 // CgroupV2Mount returns where the cgroup v2 hierarchy is mounted in this
 // mount namespace (/sys/fs/cgroup on unified hosts, /sys/fs/cgroup/unified
 // on hybrid ones): the default --cgroup-root.

@@ -17,20 +17,31 @@ type Config struct {
 	CgroupRoot string
 	// PinPath is the bpffs directory holding weft's pinned maps and links.
 	PinPath string
-	// Devices are the uplinks the per-packet program runs on (traffic from
-	// outside the node to NodePorts, externalIPs and LoadBalancer IPs, and
-	// replies from backends on other nodes); empty: the links holding
-	// NodePortIPs.
+	// Devices are the uplinks the per-packet programs run on (on the
+	// ingress, traffic from outside the node to NodePorts, externalIPs and
+	// LoadBalancer IPs; on the egress, the replies to it); empty: the links
+	// holding NodePortIPs.
 	Devices []string
-	// PodDevices are the links behind which the node's pods are (the CNI
-	// bridge): the reply program runs there. A missing one is attached at
-	// a later sync, once it exists.
-	PodDevices []string
 	// TCLegacy makes the per-packet path work as on a kernel without tcx
-	// and BPF_FIB_LOOKUP_SRC (Linux < 6.6) even where the kernel has them:
-	// cls_bpf filters on a clsact qdisc, and the SNAT source read from the
-	// addresses weft writes for every link.
+	// (Linux < 6.6) even where the kernel has it: cls_bpf filters on a
+	// clsact qdisc.
 	TCLegacy bool
+	// Families are the IP families of the node (4, 6), those the
+	// masquerade rule is written for; MasqueradeBit is the skb->mark bit
+	// the per-packet program sets on traffic to masquerade (0: bit 14,
+	// 0x4000, as the iptables backend); IPTablesVariant selects the
+	// iptables tools ("", "nft" or "legacy").
+	Families        []int
+	MasqueradeBit   int
+	IPTablesVariant string
+}
+
+// masqMark is the skb->mark bit of traffic to masquerade.
+func (c Config) masqMark() uint32 {
+	if c.MasqueradeBit == 0 {
+		return 1 << 14
+	}
+	return 1 << c.MasqueradeBit
 }
 
 // Verdict is what a frontend does with a new connection.

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -16,67 +15,75 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tcxPinPrefix starts the pin name of a tcx link, followed by the ifindex
-// of its device.
+// tcxPinPrefix starts the pin name of a tcx link: "tcx_<ifindex>" on a
+// device's ingress, "tcx_egress_<ifindex>" on its egress.
 const tcxPinPrefix = "tcx_"
 
 // clsPriority and clsHandle identify weft's cls_bpf filters on a clsact
-// ingress (kernels without tcx); the filter's name is its program's.
+// ingress or egress (kernels without tcx); the filter's name is its
+// program's.
 const (
 	clsPriority = 0x7765
 	clsHandle   = 0x7765
 )
 
-// tcAttached is a per-packet program on one device's ingress.
+// tcHook is one side of a device a per-packet program runs on.
+type tcHook struct {
+	device string
+	egress bool
+}
+
+// tcAttached is a per-packet program on one device's ingress or egress.
 type tcAttached struct {
 	ifindex int
 	prog    *ebpf.Program
 	link    link.Link // nil for a cls_bpf filter
 }
 
-// devicePrograms returns the program each device's ingress should run:
-// weft_nodeport on the uplinks, weft_reply on the pod devices.
-func (b *Backend) devicePrograms() map[string]*ebpf.Program {
-	want := map[string]*ebpf.Program{}
-	for _, d := range b.cfg.PodDevices {
-		want[d] = b.np.WeftReply
+// tcPinName is the pin name of weft's tcx link on one side of device idx.
+func tcPinName(idx int, egress bool) string {
+	if egress {
+		return tcxPinPrefix + "egress_" + strconv.Itoa(idx)
 	}
+	return tcxPinPrefix + strconv.Itoa(idx)
+}
+
+// devicePrograms returns the program each side of each uplink should run:
+// weft_nodeport on the ingress (DNAT toward a backend), weft_reply on the
+// egress (the replies, after conntrack, back to the frontend).
+func (b *Backend) devicePrograms() map[tcHook]*ebpf.Program {
+	want := map[tcHook]*ebpf.Program{}
 	for _, d := range b.uplinks {
-		want[d] = b.np.WeftNodeport
+		want[tcHook{d, false}] = b.np.WeftNodeport
+		want[tcHook{d, true}] = b.np.WeftReply
 	}
 	return want
 }
 
-// attachDevices puts the per-packet programs on every device that should
-// run one and does not yet (a device created, or created again, since the
-// last sync). An uplink that does not exist is an error; a pod device
-// that does not exist yet (the CNI bridge before the first pod) is tried
-// again at the next sync.
+// attachDevices puts the per-packet programs on every uplink side that
+// should run one and does not yet (a device created again since the last
+// sync). An uplink that does not exist is an error.
 func (b *Backend) attachDevices() error {
 	var errs []error
-	for name, prog := range b.devicePrograms() {
-		l, err := netlink.LinkByName(name)
+	for h, prog := range b.devicePrograms() {
+		l, err := netlink.LinkByName(h.device)
 		if err != nil {
-			var nf netlink.LinkNotFoundError
-			if errors.As(err, &nf) && !slices.Contains(b.uplinks, name) {
-				continue
-			}
-			errs = append(errs, fmt.Errorf("device %s: %w", name, err))
+			errs = append(errs, fmt.Errorf("device %s: %w", h.device, err))
 			continue
 		}
 		idx := l.Attrs().Index
-		if cur, ok := b.tc[name]; ok && cur.ifindex == idx && cur.prog == prog {
+		if cur, ok := b.tc[h]; ok && cur.ifindex == idx && cur.prog == prog {
 			continue
 		}
-		a, err := b.attachTC(idx, prog)
+		a, err := b.attachTC(idx, h.egress, prog)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("attaching %s to %s: %w", progName(prog), name, err))
+			errs = append(errs, fmt.Errorf("attaching %s to %s: %w", progName(prog), h.device, err))
 			continue
 		}
-		if cur, ok := b.tc[name]; ok && cur.link != nil && cur.ifindex != idx {
+		if cur, ok := b.tc[h]; ok && cur.link != nil && cur.ifindex != idx {
 			_ = cur.link.Close()
 		}
-		b.tc[name] = a
+		b.tc[h] = a
 	}
 	return errors.Join(errs...)
 }
@@ -88,15 +95,15 @@ func progName(p *ebpf.Program) string {
 	return p.String()
 }
 
-// attachTC puts prog on the ingress of device idx: it swaps prog into
-// weft's pinned tcx link of the device, or attaches and pins a new one;
+// attachTC puts prog on the ingress (or egress) of device idx: it swaps
+// prog into weft's pinned tcx link there, or attaches and pins a new one;
 // without tcx (or with Config.TCLegacy) it replaces weft's cls_bpf filter
 // on the device's clsact qdisc, adding the qdisc if needed. Either way
 // there is no moment without a program, and other programs on the device
 // stay.
-func (b *Backend) attachTC(idx int, prog *ebpf.Program) (tcAttached, error) {
+func (b *Backend) attachTC(idx int, egress bool, prog *ebpf.Program) (tcAttached, error) {
 	if !b.cfg.TCLegacy {
-		path := filepath.Join(b.cfg.PinPath, tcxPinPrefix+strconv.Itoa(idx))
+		path := filepath.Join(b.cfg.PinPath, tcPinName(idx, egress))
 		l, err := link.LoadPinnedLink(path, nil)
 		if err == nil {
 			if err := l.Update(prog); err != nil {
@@ -108,7 +115,11 @@ func (b *Backend) attachTC(idx int, prog *ebpf.Program) (tcAttached, error) {
 		if !errors.Is(err, os.ErrNotExist) {
 			return tcAttached{}, fmt.Errorf("loading the pinned tcx link: %w", err)
 		}
-		l, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: ebpf.AttachTCXIngress})
+		attach := ebpf.AttachTCXIngress
+		if egress {
+			attach = ebpf.AttachTCXEgress
+		}
+		l, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: attach})
 		if err == nil {
 			if err := l.Pin(path); err != nil {
 				_ = l.Close()
@@ -124,7 +135,7 @@ func (b *Backend) attachTC(idx int, prog *ebpf.Program) (tcAttached, error) {
 		return tcAttached{}, fmt.Errorf("adding the clsact qdisc: %w", err)
 	}
 	f := &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: netlink.HANDLE_MIN_INGRESS, Handle: clsHandle,
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: clsParent(egress), Handle: clsHandle,
 			Priority: clsPriority, Protocol: unix.ETH_P_ALL},
 		Fd: prog.FD(), Name: progName(prog), DirectAction: true,
 	}
@@ -132,6 +143,13 @@ func (b *Backend) attachTC(idx int, prog *ebpf.Program) (tcAttached, error) {
 		return tcAttached{}, fmt.Errorf("replacing the cls_bpf filter: %w", err)
 	}
 	return tcAttached{ifindex: idx, prog: prog}, nil
+}
+
+func clsParent(egress bool) uint32 {
+	if egress {
+		return netlink.HANDLE_MIN_EGRESS
+	}
+	return netlink.HANDLE_MIN_INGRESS
 }
 
 func clsact(idx int) *netlink.GenericQdisc {
@@ -144,22 +162,48 @@ func clsact(idx int) *netlink.GenericQdisc {
 // name); other programs and filters stay, and so does a clsact qdisc
 // (weft cannot tell whether it added it).
 func (b *Backend) cleanupTC() error {
-	var errs []error
 	for _, a := range b.tc {
 		if a.link != nil {
 			_ = a.link.Close()
 		}
 	}
-	b.tc = map[string]tcAttached{}
-	entries, err := os.ReadDir(b.cfg.PinPath)
+	b.tc = map[tcHook]tcAttached{}
+	return removeTC(b.cfg.PinPath, func(int, bool) bool { return false })
+}
+
+// dropStaleTC removes weft's per-packet programs from the devices and
+// sides that should not run one (such as the pod bridge, where an earlier
+// version translated replies).
+func (b *Backend) dropStaleTC() error {
+	type side struct {
+		ifindex int
+		egress  bool
+	}
+	keep := map[side]bool{}
+	for h, a := range b.tc {
+		keep[side{a.ifindex, h.egress}] = true
+	}
+	return removeTC(b.cfg.PinPath, func(idx int, egress bool) bool { return keep[side{idx, egress}] })
+}
+
+// removeTC removes weft's pinned tcx links and cls_bpf filters except on
+// the device sides keep names.
+func removeTC(pinPath string, keep func(ifindex int, egress bool) bool) error {
+	var errs []error
+	entries, err := os.ReadDir(pinPath)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("cleanup: %w", err))
 	}
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), tcxPinPrefix) {
+		rest, ok := strings.CutPrefix(e.Name(), tcxPinPrefix)
+		if !ok {
 			continue
 		}
-		path := filepath.Join(b.cfg.PinPath, e.Name())
+		num, egress := strings.CutPrefix(rest, "egress_")
+		if idx, err := strconv.Atoi(num); err == nil && keep(idx, egress) {
+			continue
+		}
+		path := filepath.Join(pinPath, e.Name())
 		l, err := link.LoadPinnedLink(path, nil)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cleanup: loading %s: %w", path, err))
@@ -175,83 +219,26 @@ func (b *Backend) cleanupTC() error {
 		return errors.Join(append(errs, fmt.Errorf("cleanup: listing links: %w", err))...)
 	}
 	for _, l := range links {
-		filters, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
-		if err != nil {
-			continue // no clsact qdisc
-		}
-		for _, f := range filters {
-			bf, ok := f.(*netlink.BpfFilter)
-			if !ok || bf.Priority != clsPriority || bf.Handle != clsHandle || !strings.HasPrefix(bf.Name, "weft_") {
+		for _, egress := range []bool{false, true} {
+			if keep(l.Attrs().Index, egress) {
 				continue
 			}
-			if err := netlink.FilterDel(bf); err != nil {
-				errs = append(errs, fmt.Errorf("cleanup: deleting the cls_bpf filter on %s: %w", l.Attrs().Name, err))
+			filters, err := netlink.FilterList(l, clsParent(egress))
+			if err != nil {
+				continue // no clsact qdisc
+			}
+			for _, f := range filters {
+				bf, ok := f.(*netlink.BpfFilter)
+				if !ok || bf.Priority != clsPriority || bf.Handle != clsHandle || !strings.HasPrefix(bf.Name, "weft_") {
+					continue
+				}
+				if err := netlink.FilterDel(bf); err != nil {
+					errs = append(errs, fmt.Errorf("cleanup: deleting the cls_bpf filter on %s: %w", l.Attrs().Name, err))
+				}
 			}
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// loadNodeportWith loads the per-packet programs; fibSrc tells them that
-// the route lookup gives the SNAT source.
-func loadNodeportWith(np *nodeportObjects, opts *ebpf.CollectionOptions, fibSrc bool) error {
-	spec, err := loadNodeport()
-	if err != nil {
-		return err
-	}
-	v := uint8(0)
-	if fibSrc {
-		v = 1
-	}
-	if err := spec.Variables["fib_src"].Set(v); err != nil {
-		return fmt.Errorf("setting fib_src: %w", err)
-	}
-	return spec.LoadAndAssign(np, opts)
-}
-
-// writeDevAddrs writes the node's first global IPv4 and IPv6 address of
-// every link to m (the SNAT source toward a backend routed through that
-// link) and deletes the links of written that are gone.
-func writeDevAddrs(m *ebpf.Map, written map[uint32]bool) error {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return fmt.Errorf("listing addresses: %w", err)
-	}
-	want := map[uint32]*nodeportDevAddrs{}
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || a.Scope != unix.RT_SCOPE_UNIVERSE {
-			continue
-		}
-		ip = ip.Unmap()
-		idx := uint32(a.LinkIndex)
-		d := want[idx]
-		if d == nil {
-			d = &nodeportDevAddrs{}
-			want[idx] = d
-		}
-		if ip.Is4() && d.V4 == 0 {
-			d.V4 = toWords(ip)[3]
-		} else if ip.Is6() && d.V6 == ([4]uint32{}) {
-			d.V6 = toWords(ip)
-		}
-	}
-	for idx, d := range want {
-		if err := m.Update(idx, d, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("writing the addresses of link %d: %w", idx, err)
-		}
-		written[idx] = true
-	}
-	for idx := range written {
-		if want[idx] != nil {
-			continue
-		}
-		if err := m.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting the addresses of link %d: %w", idx, err)
-		}
-		delete(written, idx)
-	}
-	return nil
 }
 
 // uplinksOf returns the names of the links holding one of ips.

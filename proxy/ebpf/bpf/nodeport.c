@@ -1,26 +1,25 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //
-// weft's per-packet service path: tc ingress programs for traffic that no
-// socket of the node starts. weft_nodeport runs on the node's uplinks: a
-// TCP or UDP packet to an external frontend (scope 1 of the services map:
+// weft's per-packet service path for traffic that no socket of the node
+// starts. weft_nodeport runs on the ingress of the node's uplinks: a TCP or
+// UDP packet to an external frontend (scope 1 of the services map:
 // NodePorts on node addresses, externalIPs, LoadBalancer IPs) gets its
-// destination translated to a backend, and, for eTP Cluster (SVC_SNAT),
-// its source to the node's address on the way to that backend, as the
-// kernel's routing picks it. weft_reply runs on the devices behind which
-// the node's pods are (the CNI bridge): it, and weft_nodeport for backends
-// on other nodes, translate the replies back. Translated packets leave
-// through bpf_redirect_neigh to the device the routing table names, so the
-// stack never sees a forwarded packet with a local source.
+// destination translated to a backend, the client's address kept, and goes
+// on to the IP stack (TC_ACT_OK): the kernel routes it, so netfilter sees
+// it as it sees any forwarded packet (FORWARD, where NetworkPolicy
+// applies, with the client's address, as kube-proxy's iptables mode shows
+// it). For eTP Cluster (SVC_SNAT) the program sets the masquerade bit of
+// skb->mark (masq_mark); one constant rule of weft's in nat POSTROUTING
+// masquerades such packets, and conntrack undoes that on the replies.
+// weft_reply runs on the egress of the uplinks, after conntrack: a reply
+// of a translated flow (backend -> client) gets its source translated back
+// to the frontend.
 //
 // State (LRU, pinned: flows survive a restart of the proxy):
-//   ct: the client's tuple (client -> frontend) -> backend, the address
-//     and port the backend sees as the client, and the backend's id (a
-//     flow whose backend left the backends map is balanced again).
-//   nat_rev: the reply's tuple (backend -> what the backend saw) -> client
-//     and frontend.
-//   dev_addrs: ifindex -> the node's IPv4 and IPv6 address on that link,
-//     the SNAT source on kernels whose route lookup cannot give it
-//     (fib_src 0; rewritten by proxy/ebpf at every sync, not pinned).
+//   ct: the client's tuple (client -> frontend) -> backend, its id (a
+//     flow whose backend left the backends map is balanced again) and
+//     whether the flow is masqueraded.
+//   nat_rev: the reply's tuple (backend -> client) -> frontend.
 //   src_ranges: (frontend id, source prefix), an LPM trie, for frontends
 //     with loadBalancerSourceRanges (SVC_RANGES).
 //   maglev: frontend id -> its Maglev table, an array of backend ids of
@@ -37,14 +36,6 @@
 #include <linux/if_ether.h>
 #include <linux/pkt_cls.h>
 
-#define AF_INET 2
-#define AF_INET6 10
-
-// The ports a SNATed flow may get when the client's own port is taken.
-#define SNAT_PORT_MIN 32768
-#define SNAT_PORT_SPAN 28232
-#define SNAT_TRIES 16
-
 // Results of the steps below besides tc verdicts.
 #define NOT_MINE -1 // not a packet of a frontend or flow of weft's
 #define BALANCED -2 // a backend is chosen and recorded
@@ -60,28 +51,21 @@ struct tuple {
 
 struct ct_value {
 	__u32 baddr[4]; // the backend
-	__u32 naddr[4]; // the source the backend sees
 	__u16 bport;
-	__u16 nport;
+	__u8 masq; // the flow is masqueraded (eTP Cluster)
+	__u8 pad;
 	__u32 backend_id;
 };
 
 struct nat_rev_value {
-	__u32 caddr[4]; // the client
 	__u32 faddr[4]; // the frontend
-	__u16 cport;
 	__u16 fport;
-	__u32 pad;
+	__u16 pad;
 };
 
-struct dev_addrs {
-	__u32 v4;
-	__u32 v6[4];
-};
-
-// fib_src is set at load: the kernel's bpf_fib_lookup has
-// BPF_FIB_LOOKUP_SRC and BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.8).
-volatile const __u8 fib_src = 1;
+// masq_mark is the skb->mark bit weft's nat POSTROUTING rule masquerades
+// (set at load, the --masquerade-bit).
+volatile const __u32 masq_mark = 0x4000;
 
 struct src_range_key {
 	__u32 prefixlen; // bits of svc_id and addr that count
@@ -120,13 +104,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct maglev_table);
 } weft_maglev SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32);
-	__type(value, struct dev_addrs);
-	__uint(max_entries, 4096);
-} weft_dev_addrs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -263,75 +240,9 @@ static __always_inline int set_port(struct __sk_buff *skb, struct pkt *p, int ds
 	return 0;
 }
 
-// route finds the device toward dst (and, with src, the address the node
-// sends from there: the route's, or with fib_src 0 the device's from
-// dev_addrs); it returns the ifindex, or 0 without a route.
-static __always_inline __u32 route(struct __sk_buff *skb, const struct pkt *p, const __u32 dst[4], __u32 src[4])
-{
-	struct bpf_fib_lookup fib = {};
-	__u32 flags = fib_src ? BPF_FIB_LOOKUP_SKIP_NEIGH : 0;
-	struct dev_addrs *a;
-	long ret;
-
-	fib.l4_protocol = p->t.proto;
-	fib.ifindex = skb->ifindex;
-	if (p->v6) {
-		fib.family = AF_INET6;
-		copy_addr(fib.ipv6_dst, dst);
-	} else {
-		fib.family = AF_INET;
-		fib.ipv4_dst = dst[3];
-	}
-	if (src && fib_src)
-		flags |= BPF_FIB_LOOKUP_SRC;
-	// Without SKIP_NEIGH an unresolved neighbour is no failure:
-	// bpf_redirect_neigh resolves it.
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), flags);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return 0;
-	if (!src)
-		return fib.ifindex;
-	if (!fib_src) {
-		a = bpf_map_lookup_elem(&weft_dev_addrs, &fib.ifindex);
-		if (!a)
-			return 0;
-		if (p->v6) {
-			if (!(a->v6[0] | a->v6[1] | a->v6[2] | a->v6[3]))
-				return 0;
-			copy_addr(fib.ipv6_src, a->v6);
-		} else {
-			if (!a->v4)
-				return 0;
-			fib.ipv4_src = a->v4;
-		}
-	}
-	if (p->v6) {
-		copy_addr(src, fib.ipv6_src);
-	} else {
-		src[0] = src[1] = 0;
-		src[2] = bpf_htonl(0xffff);
-		src[3] = fib.ipv4_src;
-	}
-	return fib.ifindex;
-}
-
-// translate rewrites p's addresses and ports and sends it toward its new
-// destination.
-static __always_inline int translate(struct __sk_buff *skb, struct pkt *p, __u32 saddr[4], __u16 sport,
-				     __u32 daddr[4], __u16 dport)
-{
-	__u32 ifindex = route(skb, p, daddr, 0);
-
-	if (!ifindex)
-		return TC_ACT_SHOT;
-	if (set_addr(skb, p, 0, saddr) || set_addr(skb, p, 1, daddr) || set_port(skb, p, 0, sport) ||
-	    set_port(skb, p, 1, dport))
-		return TC_ACT_SHOT;
-	return bpf_redirect_neigh(ifindex, 0, 0, 0);
-}
-
-// reply translates a reply of a translated flow back (backend -> client
-// becomes frontend -> client); it returns NOT_MINE for other packets.
+// reply translates the source of a reply of a translated flow back
+// (backend -> client becomes frontend -> client); it returns NOT_MINE for
+// other packets.
 static __always_inline int reply(struct __sk_buff *skb, struct pkt *p)
 {
 	struct nat_rev_value *rv = bpf_map_lookup_elem(&weft_nat_rev, &p->t);
@@ -340,7 +251,9 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p)
 	if (!rv)
 		return NOT_MINE;
 	v = *rv;
-	return translate(skb, p, v.faddr, v.fport, v.caddr, v.cport);
+	if (set_addr(skb, p, 0, v.faddr) || set_port(skb, p, 0, v.fport))
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
 }
 
 // in_ranges reports whether the source of p is in a source range of
@@ -423,10 +336,9 @@ static __always_inline __u32 *maglev_pick(const struct svc_value *m, __u32 n)
 }
 
 // balance starts a flow to an external frontend: it picks a backend (see
-// maglev above) and the source the backend sees, and records both
-// directions. It returns BALANCED, NOT_MINE when p is not for an external
-// frontend, or a tc verdict.
-static __always_inline int balance(struct __sk_buff *skb, struct pkt *p, struct ct_value *ct)
+// maglev above) and records both directions. It returns BALANCED,
+// NOT_MINE when p is not for an external frontend, or a tc verdict.
+static __always_inline int balance(struct pkt *p, struct ct_value *ct)
 {
 	struct svc_key key = {.port = p->t.dport, .proto = p->t.proto, .scope = SCOPE_EXTERNAL};
 	struct svc_value *m, *slot;
@@ -461,39 +373,22 @@ static __always_inline int balance(struct __sk_buff *skb, struct pkt *p, struct 
 		return TC_ACT_SHOT;
 	copy_addr(ct->baddr, be->addr);
 	ct->bport = be->port;
-	copy_addr(ct->naddr, p->t.saddr);
-	ct->nport = p->t.sport;
-	if (m->flags & SVC_SNAT && !route(skb, p, ct->baddr, ct->naddr))
-		return TC_ACT_SHOT;
+	ct->masq = (m->flags & SVC_SNAT) != 0;
 
-	struct tuple rk = {.proto = p->t.proto, .sport = ct->bport, .dport = ct->nport};
-	struct nat_rev_value rv = {.cport = p->t.sport, .fport = p->t.dport};
+	// The reply, as it leaves after conntrack undid any masquerade.
+	struct tuple rk = {.proto = p->t.proto, .sport = ct->bport, .dport = p->t.sport};
+	struct nat_rev_value rv = {.fport = p->t.dport};
 	copy_addr(rk.saddr, ct->baddr);
-	copy_addr(rk.daddr, ct->naddr);
-	copy_addr(rv.caddr, p->t.saddr);
+	copy_addr(rk.daddr, p->t.saddr);
 	copy_addr(rv.faddr, p->t.daddr);
-	if (m->flags & SVC_SNAT) {
-		// The client's port if no other flow of the backend has it
-		// from the node's address, else a free one.
-		int i;
-		for (i = 0; i < SNAT_TRIES; i++) {
-			if (!bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_NOEXIST))
-				break;
-			rk.dport = bpf_htons(SNAT_PORT_MIN + bpf_get_prandom_u32() % SNAT_PORT_SPAN);
-		}
-		if (i == SNAT_TRIES)
-			return TC_ACT_SHOT;
-		ct->nport = rk.dport;
-	} else if (bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY)) {
-		return TC_ACT_SHOT;
-	}
-	if (bpf_map_update_elem(&weft_ct, &p->t, ct, BPF_ANY))
+	if (bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&weft_ct, &p->t, ct, BPF_ANY))
 		return TC_ACT_SHOT;
 	return BALANCED;
 }
 
-// forward translates a packet of a client of an external frontend; it
-// returns NOT_MINE for other packets.
+// forward translates the destination of a packet of a client of an
+// external frontend, marking it for masquerade when its frontend says so;
+// it returns NOT_MINE for other packets.
 static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ct_value *cur = bpf_map_lookup_elem(&weft_ct, &p->t);
@@ -508,11 +403,15 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 			cur = 0;
 	}
 	if (!cur) {
-		verdict = balance(skb, p, &ct);
+		verdict = balance(p, &ct);
 		if (verdict != BALANCED)
 			return verdict;
 	}
-	return translate(skb, p, ct.naddr, ct.nport, ct.baddr, ct.bport);
+	if (set_addr(skb, p, 1, ct.baddr) || set_port(skb, p, 1, ct.bport))
+		return TC_ACT_SHOT;
+	if (ct.masq)
+		skb->mark |= masq_mark;
+	return TC_ACT_OK;
 }
 
 SEC("tc")
@@ -523,9 +422,7 @@ int weft_nodeport(struct __sk_buff *skb)
 
 	if (parse(skb, &p))
 		return TC_ACT_OK;
-	verdict = reply(skb, &p);
-	if (verdict == NOT_MINE)
-		verdict = forward(skb, &p);
+	verdict = forward(skb, &p);
 	return verdict == NOT_MINE ? TC_ACT_OK : verdict;
 }
 
