@@ -426,3 +426,61 @@ func TestExternalFlowSurvivesRestart(t *testing.T) {
 		t.Fatalf("after the restart: %v", err)
 	}
 }
+
+// TestUpgradeFromBridgeReplies: a node where an earlier version left its
+// reply program on the pod bridge (pinned tcx link) and a conntrack map of
+// another layout: the first sync removes the bridge's program, replaces
+// the map, and NodePort traffic from outside works.
+func TestUpgradeFromBridgeReplies(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a")
+	pin := envs[t].pin
+	if err := os.MkdirAll(pin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: "weft_ct", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 48, MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(filepath.Join(pin, "weft_ct")); err != nil {
+		t.Fatal(err)
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "weft_reply", Type: ebpf.SchedCLS, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	br, err := net.InterfaceByName(proxytest.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: br.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Pin(filepath.Join(pin, fmt.Sprintf("tcx_%d", br.Index))); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Close() // the pin holds it
+	n.Svcs = []*corev1.Service{proxytest.Service("np", "10.96.0.11", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30080
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("np", n.Local("a"))}
+	n.Sync()
+	if got := tcxPrograms(t, proxytest.Bridge, false); len(got) != 0 {
+		t.Fatalf("tcx programs on the pod bridge after the first sync: %v, want none", got)
+	}
+	if r, err := outsideGet(n.Ext, "", "http://"+proxytest.NodeIP+":30080/"); err != nil || r.Pod != "a" {
+		t.Fatalf("NodePort from outside after the upgrade: %+v %v", r, err)
+	}
+	cur, err := ebpf.LoadPinnedMap(filepath.Join(pin, "weft_ct"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cur.Close()
+	if cur.ValueSize() == old.ValueSize() {
+		t.Fatalf("the pinned weft_ct still has the earlier layout (values of %d bytes)", cur.ValueSize())
+	}
+}
