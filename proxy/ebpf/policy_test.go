@@ -2,6 +2,7 @@ package ebpf_test
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"testing"
 
@@ -17,15 +18,35 @@ import (
 	"github.com/weftnet/weft/proxy/proxytest"
 )
 
+// strictReversePath turns on strict reverse-path filtering in the test's
+// network namespace, as many distributions set it: the translated packets
+// keep the client's address as source, which the uplink's routes lead back
+// to, so the filter passes them (and their replies).
+func strictReversePath(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{"/proc/sys/net/ipv4/conf/all/rp_filter", "/proc/sys/net/ipv4/conf/default/rp_filter"} {
+		was, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.WriteFile(p, was, 0o644) })
+	}
+}
+
 // TestNetworkPolicyOnExternalTraffic: traffic from outside the node to a
 // NodePort (eTP Cluster, masqueraded, and eTP Local) reaches pod a; then
 // weft's NetworkPolicy backend isolates a with an ingress policy that
 // admits only the outside host's second address, and the same request
 // from its first address is dropped while one from the second still
 // arrives: the per-packet path hands the translated packets to the
-// kernel, whose FORWARD chains judge them with the client's address.
+// kernel, whose FORWARD chains judge them with the client's address. The
+// node filters reverse paths strictly.
 func TestNetworkPolicyOnExternalTraffic(t *testing.T) {
 	n := proxytest.NewNode(t, backend, "a")
+	strictReversePath(t)
 	nodePort := func(port int32, etp corev1.ServiceExternalTrafficPolicy) func(*corev1.Service) {
 		return func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeNodePort
@@ -91,9 +112,11 @@ func TestNetworkPolicyOnExternalTraffic(t *testing.T) {
 // the uplink's address with a port outside the NodePort range, and the
 // reply, which comes back on the uplink, reaches the client from the
 // NodePort. The other node is played by the outside host, which holds the
-// endpoint's address and serves on it.
+// endpoint's address and serves on it. The node filters reverse paths
+// strictly.
 func TestNodePortRemoteBackend(t *testing.T) {
 	n := proxytest.NewNode(t, backend, "a")
+	strictReversePath(t)
 	for _, args := range [][]string{
 		{"-n", "proxytest-ext", "addr", "add", proxytest.RemoteEP + "/32", "dev", "lo"},
 		{"route", "add", "10.244.2.0/24", "via", proxytest.ExtIP},
