@@ -13,9 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rtnl is a minimal rtnetlink client for ADD's hot path: one blocking
-// socket per namespace, one receive buffer reused for every answer, and
-// requests sent in batches that the kernel carries out in order. A general
+// rtnl is a minimal rtnetlink client for ADD's and DEL's hot paths: one
+// blocking socket per namespace, one receive buffer reused for every
+// answer, and requests sent in batches that the kernel carries out in
+// order. A general
 // netlink library opens a socket per request, allocates a fresh 64 KiB
 // buffer per answer and decodes every attribute of every link; in a
 // process that lives for one command, each fresh page is a page fault, and
@@ -34,7 +35,8 @@ const (
 	vethInfoPeer         = 1
 )
 
-// rtnlBufSize holds any answer ADD asks for (a link, or acknowledgements).
+// rtnlBufSize holds any answer ADD and DEL ask for (a link, or
+// acknowledgements).
 const rtnlBufSize = 16 << 10
 
 // openRTNL opens an rtnetlink socket in the calling thread's namespace, or,
@@ -191,21 +193,7 @@ func (r *rtnl) exchange(reply func(i int, typ uint16, body []byte), msgs ...*nlm
 	return errs, nil
 }
 
-// do sends msgs in one batch and returns the first failure.
-func (r *rtnl) do(what string, msgs ...*nlmsg) error {
-	errs, err := r.exchange(nil, msgs...)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	for _, err := range errs {
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-	}
-	return nil
-}
-
-// rtLink is what ADD needs to know of a link.
+// rtLink is what ADD and DEL need to know of a link.
 type rtLink struct {
 	index int
 	peer  int // IFLA_LINK: a veth's peer's index, in the peer's namespace
