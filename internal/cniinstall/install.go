@@ -11,10 +11,11 @@ package cniinstall
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/weftnet/weft/internal/fsutil"
 )
 
 // Install copies every regular file of from into to. A file named in
@@ -50,33 +51,10 @@ func Install(from, to string, replace []string) ([]string, error) {
 	return done, nil
 }
 
-func copyFile(src, dir, name string) (err error) {
-	in, err := os.Open(src)
+func copyFile(src, dir, name string) error {
+	data, err := os.ReadFile(src)
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	tmp, err := os.CreateTemp(dir, "."+name+".installing-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err = io.Copy(tmp, in); err != nil {
-		return err
-	}
-	if err = tmp.Chmod(0o755); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, name))
+	return fsutil.WriteFileAtomic(filepath.Join(dir, name), data, 0o755)
 }

@@ -20,6 +20,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/weftnet/weft/internal/fsutil"
 )
 
 // Media types of the OCI image spec.
@@ -94,7 +96,7 @@ func newBlob(data []byte) blob {
 
 // Write writes img as an OCI archive to path (through a temporary file
 // renamed at the end).
-func Write(path string, img Image) (err error) {
+func Write(path string, img Image) error {
 	var blobs []blob
 	var cfg Config
 	cfg.Architecture, cfg.OS = "amd64", "linux"
@@ -146,17 +148,8 @@ func Write(path string, img Image) (err error) {
 		return err
 	}
 
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".oci-archive-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	tw := tar.NewWriter(tmp)
+	var archive bytes.Buffer
+	tw := tar.NewWriter(&archive)
 	add := func(name string, data []byte) error {
 		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
 			return err
@@ -164,27 +157,21 @@ func Write(path string, img Image) (err error) {
 		_, err := tw.Write(data)
 		return err
 	}
-	if err = add("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
+	if err := add("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
 		return err
 	}
-	if err = add("index.json", idxJSON); err != nil {
+	if err := add("index.json", idxJSON); err != nil {
 		return err
 	}
 	for _, b := range blobs {
-		if err = add("blobs/sha256/"+strings.TrimPrefix(b.digest, "sha256:"), b.data); err != nil {
+		if err := add("blobs/sha256/"+strings.TrimPrefix(b.digest, "sha256:"), b.data); err != nil {
 			return err
 		}
 	}
-	if err = tw.Close(); err != nil {
+	if err := tw.Close(); err != nil {
 		return err
 	}
-	if err = tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return fsutil.WriteFileAtomic(path, archive.Bytes(), 0o644)
 }
 
 // tarDir is dir's tree as an uncompressed tar, sorted, owned by root,
