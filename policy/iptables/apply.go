@@ -99,6 +99,12 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 		if cur, ok := a.chains[c.Name]; ok && kernel.chains[c.Name] && slices.Equal(cur, c.Rules) {
 			continue
 		}
+		// A full apply rewrites every chain, except a drop chain the
+		// kernel already holds as wanted: its counters are the dropped
+		// packets metric, which a rewrite would reset.
+		if (c.Name == ChainDropIn || c.Name == ChainDropOut) && kernel.chains[c.Name] && slices.Equal(kernel.rules[c.Name], c.Rules) {
+			continue
+		}
 		declare = append(declare, ":"+c.Name+" - [0:0]")
 		for _, r := range c.Rules {
 			rules = append(rules, "-A "+c.Name+" "+r)
@@ -265,7 +271,7 @@ func (a *Applier) Drops() (ingress, egress uint64, err error) {
 // saved is what Apply needs from iptables-save.
 type saved struct {
 	chains map[string]bool
-	rules  map[string][]string // built-in chain -> rules, in order
+	rules  map[string][]string // built-in and drop chain -> rules, in order
 	first  map[string]string
 	drops  map[string]uint64 // drop chain -> packets of its DROP rule
 }
@@ -293,7 +299,7 @@ func parseSave(b []byte) saved {
 			s.chains[name] = true
 		case strings.HasPrefix(line, "-A "):
 			chain, rule, _ := strings.Cut(line[3:], " ")
-			if chain == "FORWARD" || chain == "INPUT" {
+			if chain == "FORWARD" || chain == "INPUT" || chain == ChainDropIn || chain == ChainDropOut {
 				if len(s.rules[chain]) == 0 {
 					s.first[chain] = rule
 				}

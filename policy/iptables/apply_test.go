@@ -17,6 +17,7 @@ type recorder struct {
 	calls  []string
 	sets   map[string]bool
 	chains map[string]bool
+	rules  map[string][]string // chain -> rules, as iptables-save prints them
 }
 
 func (r *recorder) IPSetRestore(p []byte) error {
@@ -46,7 +47,12 @@ func (r *recorder) IPTablesRestore(p []byte) error {
 	for _, l := range strings.Split(string(p), "\n") {
 		switch {
 		case strings.HasPrefix(l, ":"):
-			r.chains[strings.Fields(l[1:])[0]] = true
+			name := strings.Fields(l[1:])[0]
+			r.chains[name] = true
+			delete(r.rules, name) // declaring a chain flushes it
+		case strings.HasPrefix(l, "-A "):
+			chain, rule, _ := strings.Cut(l[3:], " ")
+			r.rules[chain] = append(r.rules[chain], rule)
 		case strings.HasPrefix(l, "-X "):
 			delete(r.chains, l[3:])
 		}
@@ -59,6 +65,11 @@ func (r *recorder) IPTablesSave() ([]byte, error) {
 	b.WriteString("*filter\n:FORWARD ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n")
 	for c := range r.chains {
 		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	for _, c := range []string{polipt.ChainDropIn, polipt.ChainDropOut} {
+		for _, rule := range r.rules[c] {
+			b.WriteString("[7:420] -A " + c + " " + rule + "\n")
+		}
 	}
 	for _, j := range polipt.Jumps() {
 		if r.chains[polipt.ChainForward] {
@@ -81,7 +92,9 @@ func (r *recorder) FirstRule(chain string) (string, error) {
 	return "", nil
 }
 
-func newRecorder() *recorder { return &recorder{sets: map[string]bool{}, chains: map[string]bool{}} }
+func newRecorder() *recorder {
+	return &recorder{sets: map[string]bool{}, chains: map[string]bool{}, rules: map[string][]string{}}
+}
 
 // take returns the calls that changed something (reads dropped).
 func (r *recorder) take() []string {
@@ -178,5 +191,36 @@ func TestApplyKeepsReadySet(t *testing.T) {
 	}
 	if !rec.sets[readyset.Name4] {
 		t.Fatal("ready set gone")
+	}
+}
+
+// TestFullApplyKeepsDropCounters: the periodic full apply rewrites every
+// chain but the drop chains the kernel already holds as wanted, whose
+// counters are weft_policy_dropped_packets_total.
+func TestFullApplyKeepsDropCounters(t *testing.T) {
+	rec := newRecorder()
+	a := polipt.Applier{Runner: rec}
+	rs := polipt.Render(policy.Desired{}, polipt.Config{NodeName: "node1", PodPorts: "weft+", PodBridges: []string{"weft0"}})
+	if _, err := a.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+	a.ForceFull()
+	if _, err := a.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	calls := rec.take()
+	for _, c := range calls {
+		for _, drop := range []string{polipt.ChainDropIn, polipt.ChainDropOut} {
+			if strings.Contains(c, ":"+drop+" ") {
+				t.Fatalf("the full apply rewrote %s (its counters reset):\n%s", drop, c)
+			}
+		}
+	}
+	if len(calls) == 0 || !strings.Contains(strings.Join(calls, ""), ":"+polipt.ChainForward+" ") {
+		t.Fatalf("the full apply did not rewrite the other chains:\n%s", strings.Join(calls, "\n"))
+	}
+	if in, out, err := a.Drops(); err != nil || in != 7 || out != 7 {
+		t.Fatalf("drops %d/%d (%v), want the kernel's counters 7/7", in, out, err)
 	}
 }
