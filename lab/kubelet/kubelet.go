@@ -180,10 +180,19 @@ func (k *Kubelet) updateNodeStatus(ctx context.Context) error {
 		{Type: corev1.NodeInternalIP, Address: k.opts.NodeIP.String()},
 		{Type: corev1.NodeHostName, Address: k.opts.Node},
 	}
-	node.Status.Capacity = corev1.ResourceList{
+	// The kubelet owns pods, cpu and memory; extended resources others
+	// advertised on the node (weft's topology exporter) are kept.
+	own := corev1.ResourceList{
 		corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"),
 	}
-	node.Status.Allocatable = node.Status.Capacity
+	for _, list := range []*corev1.ResourceList{&node.Status.Capacity, &node.Status.Allocatable} {
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		for name, q := range own {
+			(*list)[name] = q
+		}
+	}
 	node.Status.NodeInfo.KubeletVersion = "weft-lab"
 	setCondition(&node.Status.Conditions, corev1.NodeCondition{
 		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",

@@ -86,6 +86,12 @@ func (k *Kubelet) sync(ctx context.Context, key string) error {
 		return err
 	}
 	if run == nil {
+		if pod.Status.Phase == corev1.PodFailed {
+			return nil // rejected at admission
+		}
+		if ok, err := k.admit(ctx, pod); !ok || err != nil {
+			return err
+		}
 		if run, err = k.start(ctx, pod); err != nil || run == nil {
 			return err
 		}

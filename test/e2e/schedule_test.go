@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -76,5 +77,46 @@ func scheduledDeployment(t *testing.T, c *cluster, clientNS string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the Service answered only from pods on %v", answeredOn)
 		}
+	}
+}
+
+// extendedResources: a kubelet admits pods against the extended resources
+// its node advertises (here example.com/widget: 1), even for pods that
+// name the node themselves and so skip the scheduler's check: the second
+// pod asking for the only widget is failed with OutOfexample.com/widget.
+func extendedResources(t *testing.T, c *cluster) {
+	t.Helper()
+	ctx := context.Background()
+	patch := []byte(`{"status":{"capacity":{"example.com/widget":"1"},"allocatable":{"example.com/widget":"1"}}}`)
+	if _, err := c.client.CoreV1().Nodes().PatchStatus(ctx, "node1", patch); err != nil {
+		t.Fatal(err)
+	}
+	widgetPod := func(name string) {
+		one := resource.MustParse("1")
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{NodeName: "node1",
+			Containers: []corev1.Container{{Name: "w", Image: "weft-workload", Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{"example.com/widget": one}, Limits: corev1.ResourceList{"example.com/widget": one}}}}}}
+		if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	widgetPod("widget-1")
+	waitRunning(t, c, "default", "widget-1")
+	widgetPod("widget-2")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		p, err := c.client.CoreV1().Pods("default").Get(ctx, "widget-2", metav1.GetOptions{})
+		if err == nil && p.Status.Phase == corev1.PodFailed {
+			if p.Status.Reason != "OutOfexample.com/widget" {
+				t.Fatalf("widget-2 failed with %q (%s), want OutOfexample.com/widget", p.Status.Reason, p.Status.Message)
+			}
+			break
+		}
+		if err == nil && p.Status.Phase == corev1.PodRunning {
+			t.Fatal("widget-2 runs: the kubelet admitted a second pod for the node's only widget")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("widget-2 not rejected: %v %+v", err, p.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -75,6 +75,9 @@ func TestServices(t *testing.T) {
 			c := upProxy(t, 3, "hostgw", mode)
 			services(t, c)
 			c.mustCheck(t)
+			if mode == lab.ProxyModes[0] {
+				extendedResources(t, c) // the kubelet's part, the same in every mode
+			}
 		})
 	}
 }
