@@ -24,7 +24,7 @@ import (
 )
 
 // Kustomizations are the directories users apply with `kubectl apply -k`.
-var Kustomizations = []string{".", "overlays/cni-only", "overlays/ebpf"}
+var Kustomizations = []string{".", "overlays/cni-only", "overlays/ebpf", "overlays/nftables"}
 
 // binDir is the repository's bin/, which `make build kube` fills.
 func binDir(t *testing.T) string {
