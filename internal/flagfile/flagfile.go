@@ -17,7 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -97,12 +97,12 @@ func flagText(v any) (string, error) {
 	case []any:
 		parts := make([]string, 0, len(v))
 		for i, e := range v {
+			if _, nested := e.([]any); nested {
+				return "", fmt.Errorf("item %d: a list inside a list", i)
+			}
 			s, err := flagText(e)
 			if err != nil {
 				return "", fmt.Errorf("item %d: %w", i, err)
-			}
-			if _, nested := e.([]any); nested {
-				return "", fmt.Errorf("item %d: a list inside a list", i)
 			}
 			parts = append(parts, s)
 		}
@@ -122,15 +122,13 @@ func Set(fs *flag.FlagSet, values map[string]string, reserved ...string) error {
 	for k := range values {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	for _, k := range keys {
 		if fs.Lookup(k) == nil {
 			return fmt.Errorf("key %q: unknown (the keys are the daemon's flag names without dashes)", k)
 		}
-		for _, r := range reserved {
-			if k == r {
-				return fmt.Errorf("key %q: only accepted on the command line", k)
-			}
+		if slices.Contains(reserved, k) {
+			return fmt.Errorf("key %q: only accepted on the command line", k)
 		}
 	}
 	for _, k := range keys {

@@ -13,7 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/weftnet/weft/internal/iptmode"
@@ -105,8 +105,8 @@ func Fetch(ctx context.Context, cacheDir string) ([]string, error) {
 			pkgs = append(pkgs, line)
 		}
 	}
-	sort.Strings(pkgs)
-	pkgs = uniq(pkgs)
+	slices.Sort(pkgs)
+	pkgs = slices.Compact(pkgs)
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func Fetch(ctx context.Context, cacheDir string) ([]string, error) {
 		if len(m) == 0 {
 			return nil, fmt.Errorf("package %s: no .deb in %s after apt-get download", p, cacheDir)
 		}
-		sort.Strings(m)
+		slices.Sort(m)
 		debs = append(debs, m[len(m)-1])
 	}
 	return debs, nil
@@ -141,16 +141,6 @@ func aptDownload(ctx context.Context, dir string, pkgs []string) error {
 		return fmt.Errorf("apt-get download: %w: %s", err, stderr.String())
 	}
 	return nil
-}
-
-func uniq(s []string) []string {
-	out := s[:0]
-	for i, v := range s {
-		if i == 0 || v != s[i-1] {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // trim removes documentation and sets what the packages' maintainer

@@ -34,8 +34,8 @@ type Applier struct {
 type Stats struct{ Sets, Chains, DeletedChains, DeletedSets int }
 
 // Apply programs rs (see the package doc for the order that keeps it
-// hole-free). The first apply rewrites everything; later ones only what
-// changed.
+// hole-free). The first apply rewrites every chain the kernel does not
+// hold as wanted; later ones only what changed.
 func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 	var st Stats
 	if a.Runner == nil {
@@ -96,13 +96,14 @@ func (a *Applier) Apply(rs *Ruleset) (Stats, error) {
 	wantChain := map[string]bool{}
 	for _, c := range rs.Chains {
 		wantChain[c.Name] = true
+		// A chain already as wanted is left alone: by what this applier
+		// applied, or on a full apply by what the kernel holds (a rewrite
+		// would also reset its counters, the drop chains' being the
+		// dropped packets metric).
 		if cur, ok := a.chains[c.Name]; ok && kernel.chains[c.Name] && slices.Equal(cur, c.Rules) {
 			continue
 		}
-		// A full apply rewrites every chain, except a drop chain the
-		// kernel already holds as wanted: its counters are the dropped
-		// packets metric, which a rewrite would reset.
-		if (c.Name == ChainDropIn || c.Name == ChainDropOut) && kernel.chains[c.Name] && slices.Equal(kernel.rules[c.Name], c.Rules) {
+		if kernel.read && kernel.chains[c.Name] && slices.Equal(kernel.rules[c.Name], c.Rules) {
 			continue
 		}
 		declare = append(declare, ":"+c.Name+" - [0:0]")
@@ -200,7 +201,7 @@ func (a *Applier) kernelView() (saved, error) {
 }
 
 // ForceFull makes the next Apply read the kernel and rewrite every chain
-// (periodic resyncs repair drift this way).
+// that differs from the wanted one (periodic resyncs repair drift this way).
 func (a *Applier) ForceFull() { a.applied = false }
 
 // Cleanup removes every policy chain, jump and set.
@@ -271,13 +272,14 @@ func (a *Applier) Drops() (ingress, egress uint64, err error) {
 // saved is what Apply needs from iptables-save.
 type saved struct {
 	chains map[string]bool
-	rules  map[string][]string // built-in and drop chain -> rules, in order
+	rules  map[string][]string // chain -> rules, in order
+	read   bool                // from the kernel; else what this applier applied, without rules
 	first  map[string]string
 	drops  map[string]uint64 // drop chain -> packets of its DROP rule
 }
 
 func parseSave(b []byte) saved {
-	s := saved{chains: map[string]bool{}, rules: map[string][]string{}, first: map[string]string{}, drops: map[string]uint64{}}
+	s := saved{chains: map[string]bool{}, rules: map[string][]string{}, first: map[string]string{}, drops: map[string]uint64{}, read: true}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 1<<20), 1<<26)
 	for sc.Scan() {
@@ -299,12 +301,10 @@ func parseSave(b []byte) saved {
 			s.chains[name] = true
 		case strings.HasPrefix(line, "-A "):
 			chain, rule, _ := strings.Cut(line[3:], " ")
-			if chain == "FORWARD" || chain == "INPUT" || chain == ChainDropIn || chain == ChainDropOut {
-				if len(s.rules[chain]) == 0 {
-					s.first[chain] = rule
-				}
-				s.rules[chain] = append(s.rules[chain], rule)
+			if len(s.rules[chain]) == 0 && (chain == "FORWARD" || chain == "INPUT") {
+				s.first[chain] = rule
 			}
+			s.rules[chain] = append(s.rules[chain], rule)
 			if (chain == ChainDropIn || chain == ChainDropOut) && strings.HasSuffix(rule, "-j DROP") {
 				s.drops[chain] += packets
 			}

@@ -49,7 +49,9 @@
 // relabelled, pods added or removed) swap the set's content in place.
 // An incremental apply trusts its record of the chains it wrote and reads
 // back only rule 1 of FORWARD and INPUT; ForceFull makes the next apply read
-// the whole table and rewrite every chain (the agent's periodic resync).
+// the whole table and rewrite every chain that differs from the wanted one
+// (the agent's periodic resync). Chains the kernel holds as wanted are not
+// rewritten, so their counters (the dropped packets metric) survive.
 //
 // A ruleset and an Applier are per family (Config.Family, Applier.Family):
 // IPv6 uses ip6tables, its own set names (WEFT-POL6-*: ipset names are

@@ -106,12 +106,7 @@ func TestForeignProgramsSurviveCleanup(t *testing.T) {
 	}
 	defer fl.Close()
 	// A foreign tc program on the uplink's ingress, beside weft's.
-	foreignTC, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "MIT",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer foreignTC.Close()
+	foreignTC := passTC(t, "")
 	up, err := net.InterfaceByName(proxytest.Uplink)
 	if err != nil {
 		t.Fatal(err)
@@ -445,12 +440,7 @@ func TestUpgradeFromBridgeReplies(t *testing.T) {
 	if err := old.Pin(filepath.Join(pin, "weft_ct")); err != nil {
 		t.Fatal(err)
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "weft_reply", Type: ebpf.SchedCLS, License: "MIT",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
+	prog := passTC(t, "weft_reply")
 	br, err := net.InterfaceByName(proxytest.Bridge)
 	if err != nil {
 		t.Fatal(err)
@@ -483,4 +473,17 @@ func TestUpgradeFromBridgeReplies(t *testing.T) {
 	if cur.ValueSize() == old.ValueSize() {
 		t.Fatalf("the pinned weft_ct still has the earlier layout (values of %d bytes)", cur.ValueSize())
 	}
+}
+
+// passTC is a tc program named name that passes every packet (TC_ACT_OK),
+// closed at the end of the test.
+func passTC(t *testing.T, name string) *ebpf.Program {
+	t.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: ebpf.SchedCLS, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
 }

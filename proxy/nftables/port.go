@@ -17,8 +17,6 @@ type frontend struct {
 	port  uint16
 }
 
-func (f frontend) family() int { return familyOf(f.ip) }
-
 func (f frontend) key() []string {
 	return []string{f.ip.String(), proto(f.proto), strconv.Itoa(int(f.port))}
 }

@@ -40,7 +40,7 @@ func scheduledDeployment(t *testing.T, c *cluster, clientNS string) {
 		t.Fatal(err)
 	}
 
-	podNode := map[string]string{}
+	var podNode map[string]string
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		list, err := c.client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(sel).String()})
 		if err != nil {
