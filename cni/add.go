@@ -4,17 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/ipam"
+	"github.com/weftnet/weft/policy/readyset"
 )
 
 // Add wires one pod attachment: addresses, veth pair, bridge port, routes.
 func Add(args *CmdArgs) error {
-	tr := newTracer("ADD")
+	tr := newTracer("ADD", args)
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return err
@@ -41,6 +41,12 @@ func Add(args *CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	// Opened before the node-wide lock, used under it.
+	revoker, err := readyset.OpenRevoker()
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, "ipam: revoking NetworkPolicy readiness", err.Error())
+	}
+	defer revoker.Close()
 	key := ipam.Key{ContainerID: args.ContainerID, IfName: args.IfName}
 	var leases, old []ipam.Lease
 	var existed bool
@@ -50,7 +56,7 @@ func Add(args *CmdArgs) error {
 			return err
 		}
 		st.SetPod(key, podRef(args.Args))
-		return revokeReady(old, leases)
+		return revokeReady(revoker, old, leases)
 	})
 	if err != nil {
 		if errors.Is(err, ipam.ErrExhausted) {
@@ -76,7 +82,7 @@ func Add(args *CmdArgs) error {
 		return err
 	}
 	tr.mark("netlink")
-	if perr := result.print(os.Stdout, cfg.CNIVersion); perr != nil {
+	if perr := result.print(args.Stdout, cfg.CNIVersion); perr != nil {
 		return perr
 	}
 	tr.mark("result")
@@ -93,11 +99,8 @@ func wire(cfg *Config, args *CmdArgs, host, pod *rtnl, podNS int, leases []ipam.
 	if mtu == 0 {
 		mtu = defaultMTU()
 	}
-	br, err := ensureBridge(cfg.Bridge, mtu)
+	br, err := nodeBridge(host, cfg.Bridge, mtu, leases)
 	if err != nil {
-		return nil, vethCreated, err
-	}
-	if err := ensureGateways(br, leases); err != nil {
 		return nil, vethCreated, err
 	}
 	if err := enableForwarding(leases); err != nil {
@@ -109,7 +112,7 @@ func wire(cfg *Config, args *CmdArgs, host, pod *rtnl, podNS int, leases []ipam.
 	if err != nil {
 		return nil, vethCreated, err
 	}
-	hostLink, err := createVeth(host, args, hostName, vethMsg(hostName, args.IfName, mtu, br.Index, podNS, podMAC))
+	hostLink, err := createVeth(host, args, hostName, vethMsg(hostName, args.IfName, mtu, br.index, podNS, podMAC))
 	if err != nil {
 		return nil, vethCreated, err
 	}
@@ -122,7 +125,7 @@ func wire(cfg *Config, args *CmdArgs, host, pod *rtnl, podNS int, leases []ipam.
 	if cfg.Hairpin {
 		reqs = append(reqs, nlreq{what: "enabling hairpin on " + hostName, msg: hairpinMsg(hostLink.index)})
 	}
-	reqs = append(reqs, announce(br.Index, podMAC, leases)...)
+	reqs = append(reqs, announce(br.index, podMAC, leases)...)
 	if err := host.run(reqs...); err != nil {
 		return nil, vethCreated, err
 	}
@@ -132,7 +135,7 @@ func wire(cfg *Config, args *CmdArgs, host, pod *rtnl, podNS int, leases []ipam.
 
 	result := &Result{
 		Interfaces: []*Interface{
-			{Name: br.Name, Mac: br.HardwareAddr.String()},
+			{Name: br.name, Mac: br.mac.String()},
 			{Name: hostName, Mac: hostLink.mac.String()},
 			{Name: args.IfName, Mac: podMAC.String(), Mtu: mtu, Sandbox: args.Netns},
 		},

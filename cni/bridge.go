@@ -1,17 +1,17 @@
 package cni
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/internal/nlutil"
+	"github.com/weftnet/weft/internal/sysctl"
 	"github.com/weftnet/weft/ipam"
 )
 
@@ -57,6 +57,61 @@ func ensureBridge(name string, mtu int) (*netlink.Bridge, error) {
 		return nil, fmt.Errorf("bridge: %s exists but is a %s, not a bridge", name, link.Type())
 	}
 	return created, nil
+}
+
+// nodeBridge returns the node bridge (name), making sure that it exists,
+// is up and carries the gateway of each lease. What every ADD but a node's
+// first finds is checked in two short exchanges on host: the bridge's link,
+// then its addresses. Anything missing or wrong goes to the general path
+// (ensureBridge, ensureGateways), which creates or repairs it, or names
+// what is in the way.
+func nodeBridge(host *rtnl, name string, mtu int, leases []ipam.Lease) (rtLink, error) {
+	if br, ok := bridgeReady(host, name, leases); ok {
+		return br, nil
+	}
+	br, err := ensureBridge(name, mtu)
+	if err != nil {
+		return rtLink{}, err
+	}
+	if err := ensureGateways(br, leases); err != nil {
+		return rtLink{}, err
+	}
+	return rtLink{index: br.Index, mac: br.HardwareAddr, name: br.Name, kind: "bridge", flags: unix.IFF_UP}, nil
+}
+
+// bridgeReady reports whether the link called name is a bridge, up, and
+// holds every lease's gateway, and returns it if so. Any failure to tell
+// is a no.
+func bridgeReady(host *rtnl, name string, leases []ipam.Lease) (rtLink, bool) {
+	var br rtLink
+	var perr error
+	errs, err := host.exchange(func(_ int, typ uint16, body []byte) {
+		if typ == unix.RTM_NEWLINK {
+			br, perr = parseLink(body)
+		}
+	}, getLinkMsg(name))
+	if err != nil || errs[0] != nil || perr != nil || br.kind != "bridge" || br.flags&unix.IFF_UP == 0 {
+		return rtLink{}, false
+	}
+	var have []netip.Addr
+	errs, err = host.exchange(func(_ int, typ uint16, body []byte) {
+		if typ != unix.RTM_NEWADDR {
+			return
+		}
+		// A kernel that ignores the dump's filter sends every link's.
+		if idx, a, err := parseAddr(body); err == nil && idx == br.index {
+			have = append(have, a)
+		}
+	}, getAddrsMsg(br.index))
+	if err != nil || errs[0] != nil {
+		return rtLink{}, false
+	}
+	for _, l := range leases {
+		if !slices.Contains(have, l.Gateway) {
+			return rtLink{}, false
+		}
+	}
+	return br, true
 }
 
 // EnsureBridge makes sure the node bridge exists, is up and carries the
@@ -111,18 +166,15 @@ func hasIP(addrs []netlink.Addr, ip net.IP) bool {
 }
 
 // enableForwarding turns on forwarding for the families the pod uses; a
-// value that is already 1 is not rewritten.
+// value that is already 1 is not rewritten (weft-agent's container cannot
+// write /proc/sys: its DaemonSet's init container sets it).
 func enableForwarding(leases []ipam.Lease) error {
 	for _, l := range leases {
-		path := "/proc/sys/net/ipv4/ip_forward"
+		name := "net.ipv4.ip_forward"
 		if l.Address.Addr().Is6() {
-			path = "/proc/sys/net/ipv6/conf/all/forwarding"
+			name = "net.ipv6.conf.all.forwarding"
 		}
-		cur, err := os.ReadFile(path)
-		if err == nil && bytes.Equal(bytes.TrimSpace(cur), []byte("1")) {
-			continue
-		}
-		if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+		if err := sysctl.Ensure(name, "1"); err != nil {
 			return fmt.Errorf("enabling forwarding: %w", err)
 		}
 	}

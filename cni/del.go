@@ -23,7 +23,7 @@ import (
 // in the reaper, after DEL. DEL never needs the pod namespace: with the
 // namespace already gone, the kernel is destroying the pair, or has.
 func Del(args *CmdArgs) error {
-	tr := newTracer("DEL")
+	tr := newTracer("DEL", args)
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
 		return err

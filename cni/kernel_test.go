@@ -175,3 +175,48 @@ func TestDelAfterNetnsDeleted(t *testing.T) {
 	}
 	e.waitNoVeths()
 }
+
+// TestBridgeRepair: ADD checks the node bridge on every call, not only the
+// first: a bridge set down, or missing a gateway of the pod's families, is
+// repaired by the next ADD (its pod reaches the node through it), and a
+// link of the bridge's name that is not a bridge is refused by name.
+func TestBridgeRepair(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.1.0", "podnet", e.weft(subnet(podCIDR), subnet(podCIDR6)))
+	e.add(list, e.pod())
+	br, err := netlink.LinkByName(e.bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gw := range []string{podGW + "/24", podGW6 + "/64"} {
+		addr, err := netlink.ParseAddr(gw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.AddrDel(br, addr); err != nil {
+			t.Fatalf("removing %s from the bridge: %v", gw, err)
+		}
+	}
+	if err := netlink.LinkSetDown(br); err != nil {
+		t.Fatal(err)
+	}
+	b := e.pod()
+	ipB := e.add(list, b)
+	if br, err = netlink.LinkByName(e.bridge); err != nil || br.Attrs().Flags&net.FlagUp == 0 {
+		t.Fatalf("bridge after ADD: %+v, %v; want it up", br, err)
+	}
+	serve(t, "", "node", ":8081")
+	mustExchange(t, b.NetNS, net.JoinHostPort(podGW, "8081"), "node saw "+ipB.String())
+	e.del(list, b)
+
+	if err := netlink.LinkDel(br); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: e.bridge}, PeerName: e.bridge + "p"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.rt.Add(context.Background(), list, e.pod())
+	if err == nil || !strings.Contains(err.Error(), e.bridge+" exists but is a veth, not a bridge") {
+		t.Fatalf("ADD with a veth called %s: %v, want a not-a-bridge error", e.bridge, err)
+	}
+}

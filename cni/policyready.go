@@ -37,13 +37,13 @@ func podRef(cniArgs string) *ipam.PodRef {
 // key before) out of the NetworkPolicy ready sets: an address freed by
 // another pod may still be marked programmed for that pod's policies. It
 // runs under the IPAM lock, which the agent also holds while it marks
-// addresses ready, so the two never cross.
-func revokeReady(old, leases []ipam.Lease) error {
+// addresses ready, so the two never cross; r is opened before the lock.
+func revokeReady(r *readyset.Revoker, old, leases []ipam.Lease) error {
 	var fresh []netip.Addr
 	for _, l := range leases {
 		if !slices.ContainsFunc(old, func(o ipam.Lease) bool { return o.Address.Addr() == l.Address.Addr() }) {
 			fresh = append(fresh, l.Address.Addr())
 		}
 	}
-	return readyset.Revoke(fresh)
+	return r.Revoke(fresh)
 }

@@ -102,7 +102,7 @@ func (r *reaping) wait() error {
 		return fmt.Errorf("deleting %s: %w", r.name, err)
 	}
 	defer h.close()
-	err = h.run(nlreq{what: "deleting " + r.name, msg: newNlmsg(unix.RTM_DELLINK, 0, ifinfomsg(unix.AF_UNSPEC, int32(r.index), 0, 0))})
+	err = h.run(nlreq{what: "deleting " + r.name, msg: delLinkByIndexMsg(r.index)})
 	if err != nil && !isNotFound(err) {
 		return err
 	}
@@ -168,8 +168,10 @@ func spawnReaper() error {
 	if err != nil {
 		return fmt.Errorf("starting the reaper: %w", err)
 	}
-	// It serves until idle, long after DEL, which does not wait for it.
-	_ = cmd.Process.Release()
+	// It serves until idle, long after DEL, which does not wait for it;
+	// collecting its exit keeps a resident command server (server.go),
+	// which outlives it, free of zombies.
+	go func() { _ = cmd.Wait() }()
 	_ = rd.SetReadDeadline(time.Now().Add(reapTimeout))
 	_, err = bufio.NewReader(rd).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {

@@ -2,6 +2,7 @@ package cni
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -9,9 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -170,17 +171,63 @@ type deletions struct {
 	done    chan struct{}
 }
 
+// watchDeletions subscribes to the link events of the reaper's namespace
+// on a raw rtnetlink socket and reads only the header and index of each:
+// every link created or changed on the node comes through it, and the
+// general netlink library would decode every attribute of every one.
 func watchDeletions(broken func()) (*deletions, error) {
-	d := &deletions{waiters: map[int]chan struct{}{}, done: make(chan struct{})}
-	updates := make(chan netlink.LinkUpdate, 64)
-	opts := netlink.LinkSubscribeOptions{ReceiveBufferSize: reaperRcvBuf, ErrorCallback: func(error) {}}
-	if err := netlink.LinkSubscribeWithOptions(updates, d.done, opts); err != nil {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_ROUTE)
+	if err != nil {
 		return nil, fmt.Errorf("reap: watching link deletions: %w", err)
 	}
+	// FORCE needs CAP_NET_ADMIN, which the reaper has; otherwise the
+	// ordinary limit applies.
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, reaperRcvBuf) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, reaperRcvBuf)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_LINK}); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("reap: watching link deletions: %w", err)
+	}
+	// Through the runtime's poller, so that stop (closing it) ends the
+	// reading goroutine.
+	sub := os.NewFile(uintptr(fd), "rtnetlink link events")
+	raw, err := sub.SyscallConn()
+	if err != nil {
+		_ = sub.Close()
+		return nil, fmt.Errorf("reap: watching link deletions: %w", err)
+	}
+	d := &deletions{waiters: map[int]chan struct{}{}, done: make(chan struct{})}
 	go func() {
-		for u := range updates {
-			if u.Header.Type == unix.RTM_DELLINK {
-				d.announce(int(u.Index))
+		<-d.done
+		_ = sub.Close()
+	}()
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			var n int
+			var rerr error
+			err := raw.Read(func(fd uintptr) bool {
+				n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+				return !errors.Is(rerr, unix.EAGAIN)
+			})
+			if err == nil {
+				err = rerr
+			}
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				break // closed, or events lost (ENOBUFS)
+			}
+			msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+			if err != nil {
+				break
+			}
+			for _, m := range msgs {
+				if m.Header.Type == unix.RTM_DELLINK && len(m.Data) >= unix.SizeofIfInfomsg {
+					d.announce(int(int32(binary.NativeEndian.Uint32(m.Data[4:]))))
+				}
 			}
 		}
 		d.mu.Lock()
@@ -231,20 +278,36 @@ func (d *deletions) remove(name string, idx int, gone func()) error {
 	}
 	announced := d.watch(idx)
 	defer d.unwatch(idx)
-	link, err := netlink.LinkByIndex(idx)
+	h, err := openRTNL(-1)
 	if err != nil {
-		if isNotFound(err) {
-			gone()
-			return nil
+		return fmt.Errorf("reap: %w", err)
+	}
+	defer h.close()
+	var link rtLink
+	var perr error
+	errs, err := h.exchange(func(_ int, typ uint16, body []byte) {
+		if typ == unix.RTM_NEWLINK {
+			link, perr = parseLink(body)
 		}
+	}, getLinkByIndexMsg(idx))
+	if err != nil {
 		return fmt.Errorf("reap: looking up %s: %w", name, err)
 	}
-	if link.Attrs().Name != name || link.Type() != "veth" {
+	switch {
+	case isNotFound(errs[0]):
+		gone()
+		return nil
+	case errs[0] != nil || perr != nil:
+		return fmt.Errorf("reap: looking up %s: %w", name, errors.Join(errs[0], perr))
+	}
+	if link.name != name || link.kind != "veth" {
 		gone() // the index is another link's now: that pair is gone
 		return nil
 	}
 	deleted := make(chan error, 1)
-	go func() { deleted <- netlink.LinkDel(link) }()
+	go func() {
+		deleted <- h.run(nlreq{what: "deleting " + name, msg: delLinkByIndexMsg(idx)})
+	}()
 	select {
 	case <-announced:
 		gone()
@@ -252,7 +315,7 @@ func (d *deletions) remove(name string, idx int, gone func()) error {
 		return nil
 	case err := <-deleted:
 		if err != nil && !isNotFound(err) {
-			return fmt.Errorf("reap: deleting %s: %w", name, err)
+			return fmt.Errorf("reap: %w", err)
 		}
 		gone()
 		return nil

@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -36,7 +37,8 @@ const (
 )
 
 // rtnlBufSize holds any answer ADD and DEL ask for (a link, or
-// acknowledgements).
+// acknowledgements). A dump (the bridge's addresses) comes in parts no
+// larger than the buffer the reader offers.
 const rtnlBufSize = 16 << 10
 
 // openRTNL opens an rtnetlink socket in the calling thread's namespace, or,
@@ -76,8 +78,11 @@ func newRTNL() (*rtnl, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rtnetlink socket: %w", err)
 	}
-	// Errors name the offending attribute; dumps are not used.
+	// Errors name the offending attribute; dumps honour the filters in
+	// their request (the one dump asks for one link's addresses; a kernel
+	// without strict checking sends all, and the reader filters).
 	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
 	return &rtnl{fd: fd, buf: make([]byte, rtnlBufSize)}, nil
 }
 
@@ -144,7 +149,10 @@ func ifinfomsg(family uint8, index int32, flags, change uint32) []byte {
 // exchange sends msgs in one batch and returns each one's outcome. The
 // kernel carries out the requests in order; one failing does not stop the
 // next. reply, if not nil, receives the answer body of every request that
-// has one (a looked-up link), with the request's position.
+// has one (a looked-up link, each part of a dump), with the request's
+// position. A dump, which ends with NLMSG_DONE instead of an
+// acknowledgement, must be the batch's last request: a socket runs one
+// dump at a time.
 func (r *rtnl) exchange(reply func(i int, typ uint16, body []byte), msgs ...*nlmsg) ([]error, error) {
 	first := r.seq + 1
 	var batch []byte
@@ -175,13 +183,17 @@ func (r *rtnl) exchange(reply func(i int, typ uint16, body []byte), msgs ...*nlm
 			if nm.Header.Seq < first || i >= len(msgs) {
 				continue // an answer to an earlier batch
 			}
-			if nm.Header.Type != unix.NLMSG_ERROR {
+			if nm.Header.Type != unix.NLMSG_ERROR && nm.Header.Type != unix.NLMSG_DONE {
 				if reply != nil {
 					reply(i, nm.Header.Type, nm.Data)
 				}
 				continue
 			}
 			if len(nm.Data) < 4 {
+				if nm.Header.Type == unix.NLMSG_DONE {
+					acked++ // an old kernel's empty NLMSG_DONE
+					continue
+				}
 				return nil, errors.New("rtnetlink receive: short error message")
 			}
 			if code := int32(binary.NativeEndian.Uint32(nm.Data)); code != 0 {
@@ -193,11 +205,14 @@ func (r *rtnl) exchange(reply func(i int, typ uint16, body []byte), msgs ...*nlm
 	return errs, nil
 }
 
-// rtLink is what ADD and DEL need to know of a link.
+// rtLink is what ADD, DEL and the reaper need to know of a link.
 type rtLink struct {
 	index int
 	peer  int // IFLA_LINK: a veth's peer's index, in the peer's namespace
 	mac   net.HardwareAddr
+	name  string
+	kind  string // IFLA_INFO_KIND: "veth", "bridge", ...
+	flags uint32 // IFF_*
 }
 
 // getLinkMsg asks for the link called name.
@@ -212,7 +227,10 @@ func parseLink(body []byte) (rtLink, error) {
 	if len(body) < unix.SizeofIfInfomsg {
 		return rtLink{}, errors.New("short link message")
 	}
-	l := rtLink{index: int(int32(binary.NativeEndian.Uint32(body[4:])))}
+	l := rtLink{
+		index: int(int32(binary.NativeEndian.Uint32(body[4:]))),
+		flags: binary.NativeEndian.Uint32(body[8:]),
+	}
 	attrs, err := parseAttrs(body[unix.SizeofIfInfomsg:])
 	if err != nil {
 		return rtLink{}, err
@@ -225,9 +243,60 @@ func parseLink(body []byte) (rtLink, error) {
 			}
 		case unix.IFLA_ADDRESS:
 			l.mac = net.HardwareAddr(append([]byte(nil), a.data...))
+		case unix.IFLA_IFNAME:
+			l.name = cString(a.data)
+		case unix.IFLA_LINKINFO:
+			info, err := parseAttrs(a.data)
+			if err != nil {
+				return rtLink{}, err
+			}
+			for _, i := range info {
+				if i.typ == unix.IFLA_INFO_KIND {
+					l.kind = cString(i.data)
+				}
+			}
 		}
 	}
 	return l, nil
+}
+
+// cString is a netlink string attribute without its terminating NUL.
+func cString(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+// getAddrsMsg asks for the addresses of link index (a dump).
+func getAddrsMsg(index int) *nlmsg {
+	hdr := make([]byte, unix.SizeofIfAddrmsg)
+	binary.NativeEndian.PutUint32(hdr[4:], uint32(index))
+	m := newNlmsg(unix.RTM_GETADDR, unix.NLM_F_DUMP, hdr)
+	// A dump is answered by its parts and NLMSG_DONE, not acknowledged.
+	binary.NativeEndian.PutUint16(m.b[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	return m
+}
+
+// parseAddr decodes an RTM_NEWADDR body: the link's index and the address.
+func parseAddr(body []byte) (int, netip.Addr, error) {
+	if len(body) < unix.SizeofIfAddrmsg {
+		return 0, netip.Addr{}, errors.New("short address message")
+	}
+	index := int(binary.NativeEndian.Uint32(body[4:]))
+	attrs, err := parseAttrs(body[unix.SizeofIfAddrmsg:])
+	if err != nil {
+		return 0, netip.Addr{}, err
+	}
+	var addr netip.Addr
+	for _, a := range attrs {
+		// IFA_LOCAL is the address itself where the two differ
+		// (point-to-point links); IFA_ADDRESS otherwise.
+		if ip, ok := netip.AddrFromSlice(a.data); ok && (a.typ == unix.IFA_LOCAL || a.typ == unix.IFA_ADDRESS && !addr.IsValid()) {
+			addr = ip
+		}
+	}
+	return index, addr, nil
 }
 
 type rtattr struct {
@@ -308,6 +377,17 @@ func vethMsg(host, peer string, mtu, master, nsFd int, peerMAC net.HardwareAddr)
 // linkUpMsg sets link index up.
 func linkUpMsg(index int) *nlmsg {
 	return newNlmsg(unix.RTM_NEWLINK, 0, ifinfomsg(unix.AF_UNSPEC, int32(index), unix.IFF_UP, unix.IFF_UP))
+}
+
+// getLinkByIndexMsg asks for link index.
+func getLinkByIndexMsg(index int) *nlmsg {
+	return newNlmsg(unix.RTM_GETLINK, 0, ifinfomsg(unix.AF_UNSPEC, int32(index), 0, 0)).
+		u32(unix.IFLA_EXT_MASK, rtextFilterSkipStats)
+}
+
+// delLinkByIndexMsg deletes link index.
+func delLinkByIndexMsg(index int) *nlmsg {
+	return newNlmsg(unix.RTM_DELLINK, 0, ifinfomsg(unix.AF_UNSPEC, int32(index), 0, 0))
 }
 
 // delLinkMsg deletes the link called name.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -25,7 +26,9 @@ import (
 var SupportedVersions = []string{"0.4.0", "1.0.0", "1.1.0"}
 
 // CmdArgs is one invocation: the runtime's CNI_* variables and the network
-// configuration it passed on stdin.
+// configuration it passed on stdin, and where the command prints. A command
+// uses nothing process-wide (environment, standard streams, working
+// directory): the resident server (server.go) runs many at once.
 type CmdArgs struct {
 	ContainerID string
 	Netns       string
@@ -33,6 +36,11 @@ type CmdArgs struct {
 	Args        string
 	Path        string
 	StdinData   []byte
+	// Stdout receives the command's result, Stderr its diagnostics.
+	Stdout, Stderr io.Writer
+
+	trace bool      // TraceEnv was set in the command's environment
+	start time.Time // when the command began, for its trace
 }
 
 // Commands holds the function serving each CNI command.
@@ -40,18 +48,27 @@ type Commands struct {
 	Add, Del, Check, GC, Status func(*CmdArgs) error
 }
 
-// PluginMain runs the command the environment names, prints its result or
-// error as the specification says, and exits non-zero on error. about is
-// printed, with the supported versions, when a person runs the plugin
-// without CNI_COMMAND.
-func PluginMain(cmds Commands, about string) {
-	if err := dispatch(cmds, about, os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
-		out, merr := json.Marshal(err)
-		if merr == nil {
-			_, _ = os.Stdout.Write(append(out, '\n'))
-		}
-		os.Exit(1)
+// PluginMain runs the command the process's environment names, prints its
+// result or error as the specification says, and returns the exit status
+// (non-zero on error). about is printed, with the supported versions, when
+// a person runs the plugin without CNI_COMMAND.
+func PluginMain(cmds Commands, about string) int {
+	return Run(cmds, about, os.Getenv, os.Stdin, os.Stdout, os.Stderr, initTime)
+}
+
+// Run serves one command whose environment getenv reads, printing what a
+// plugin process would print to stdout and stderr, and returns the exit
+// status the process would have. start is when the command began (its
+// trace counts from there).
+func Run(cmds Commands, about string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer, start time.Time) int {
+	err := dispatch(cmds, about, getenv, stdin, stdout, stderr, start)
+	if err == nil {
+		return 0
 	}
+	if out, merr := json.Marshal(err); merr == nil {
+		_, _ = stdout.Write(append(out, '\n'))
+	}
+	return 1
 }
 
 // envVar is a CNI_* variable, with the commands that require it and how a
@@ -71,7 +88,7 @@ var envVars = []envVar{
 	{name: "CNI_PATH", required: []string{"ADD", "CHECK", "DEL", "GC", "STATUS"}},
 }
 
-func dispatch(cmds Commands, about string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) *types.Error {
+func dispatch(cmds Commands, about string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer, start time.Time) *types.Error {
 	cmd := getenv("CNI_COMMAND")
 	vals := map[string]string{}
 	var missing []string
@@ -137,6 +154,10 @@ func dispatch(cmds Commands, about string, getenv func(string) string, stdin io.
 		Args:        vals["CNI_ARGS"],
 		Path:        vals["CNI_PATH"],
 		StdinData:   stdinData,
+		Stdout:      stdout,
+		Stderr:      stderr,
+		trace:       getenv(TraceEnv) != "",
+		start:       start,
 	}
 	if err := fn(args); err != nil {
 		var te *types.Error

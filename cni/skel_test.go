@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -59,7 +60,7 @@ func TestDispatch(t *testing.T) {
 			record := func(a *CmdArgs) error { got = a; return nil }
 			var out, errOut bytes.Buffer
 			err := dispatch(Commands{Add: record, Del: record, Check: record, GC: record, Status: record}, "weft test",
-				func(k string) string { return tc.env[k] }, strings.NewReader(tc.stdin), &out, &errOut)
+				func(k string) string { return tc.env[k] }, strings.NewReader(tc.stdin), &out, &errOut, time.Now())
 			if tc.wantCode != 0 {
 				if err == nil || err.Code != tc.wantCode || !strings.Contains(err.Msg+" "+err.Details, tc.wantMsg) {
 					t.Fatalf("got %v, want code %d mentioning %q", err, tc.wantCode, tc.wantMsg)

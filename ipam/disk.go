@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -16,11 +15,19 @@ import (
 )
 
 const (
-	lockFile   = "lock"
-	stateFile  = "state.json"
-	bootFile   = "boot"
-	tempInfix  = ".tmp-"
-	maxNameLen = 255 // NAME_MAX
+	lockFile  = "lock"
+	stateFile = "state.json"
+	bootFile  = "boot"
+	// tempSuffix names the file a save writes before swapping it with its
+	// target. Only the lock holder saves, so one name per target is enough,
+	// and a file left torn by a process killed mid-save (the target is
+	// intact) is simply overwritten by the next save.
+	tempSuffix = ".tmp"
+	// oldTempInfix started the per-process temporary files of earlier
+	// versions (state.json.tmp-<pid>); the first save of a boot removes
+	// any they left.
+	oldTempInfix = ".tmp-"
+	maxNameLen   = 255 // NAME_MAX
 )
 
 // bootIDFile holds the kernel's random ID of the current boot.
@@ -46,18 +53,22 @@ func NetworkDir(dataDir, network string) (string, error) {
 
 // DiskStore is a Store backed by a directory: dir/lock is flock'd around
 // every operation (and never deleted) and dir/state.json holds the State,
-// replaced atomically on every change. It is safe for concurrent use by
-// goroutines and processes; each operation opens its own lock descriptor.
+// replaced atomically on every change: the new state is written to
+// dir/state.json.tmp, and the two names are swapped (see replace), so that
+// state.json.tmp then holds the previous state. It is safe for concurrent
+// use by goroutines and processes; each operation opens its own lock
+// descriptor.
 //
 // Durability is paid once per boot, not once per change. dir/boot names
 // the boot (the kernel's boot_id) since which state.json has been replaced
 // without fsync. The first save of a boot writes state.json durably
-// (fsync, rename, fsync of the directory) and only then records the boot,
-// durably too; later saves of that boot write and rename without fsync,
+// (fsync, swap, fsync of the directory) and only then records the boot,
+// durably too; later saves of that boot write and swap without fsync,
 // which within one running kernel is just as atomic for every reader and
-// survives any process being killed. Only a kernel crash or power loss can
-// then leave state.json stale or torn, and it also ends every pod the
-// state describes: a state.json that does not parse while dir/boot names
+// survives any process being killed (mid-write, it leaves state.json.tmp
+// torn and state.json whole). Only a kernel crash or power loss can then
+// leave state.json stale or torn, and it also ends every pod the state
+// describes: a state.json that does not parse while dir/boot names
 // another boot is read as empty instead of as corrupt.
 type DiskStore struct {
 	dir string
@@ -65,20 +76,14 @@ type DiskStore struct {
 
 var _ Store = (*DiskStore)(nil)
 
-// NewDiskStore opens the store in dir, creating dir (mode 0700) and the
-// lock file as needed. It does not read the state.
+// NewDiskStore opens the store in dir, creating dir (mode 0700) as needed;
+// every operation creates the lock file if it is missing. It does not read
+// the state.
 func NewDiskStore(dir string) (*DiskStore, error) {
 	if dir == "" {
 		return nil, errors.New("open ipam store: empty directory")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("open ipam store: %w", err)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open ipam store: %w", err)
-	}
-	if err := f.Close(); err != nil {
 		return nil, fmt.Errorf("open ipam store: %w", err)
 	}
 	return &DiskStore{dir: dir}, nil
@@ -92,16 +97,17 @@ func (s *DiskStore) StatePath() string { return filepath.Join(s.dir, stateFile) 
 
 // Update implements Store. It holds LOCK_EX on dir/lock while it loads the
 // state, runs fn and, if fn succeeded and changed the state, saves it.
+//
+// Every process that starts a pod waits for this lock, so what can be done
+// before it is: the JSON codec warmed up, the boot IDs read (see save).
 func (s *DiskStore) Update(fn func(*State) error) error {
 	warmCodec()
+	boots := s.boots()
 	unlock, err := s.lock(unix.LOCK_EX)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	// Only the lock holder writes temporary files, so any found now were
-	// left by a process that died mid-save. Removing them is best effort.
-	s.removeTemps()
 
 	st, before, err := s.load()
 	if err != nil {
@@ -117,7 +123,7 @@ func (s *DiskStore) Update(fn func(*State) error) error {
 	if bytes.Equal(before, after) {
 		return nil
 	}
-	return s.save(after)
+	return s.save(after, boots)
 }
 
 // View implements Store. It holds LOCK_SH on dir/lock while fn runs;
@@ -213,33 +219,53 @@ func encoded(st *State) (*State, []byte, error) {
 	return st, b, nil
 }
 
+// bootMarks is the running boot's ID and the one dir/boot records.
+type bootMarks struct{ current, marked string }
+
+// boots reads the boot IDs save needs. It may run before the lock: the
+// running boot's ID never changes, and dir/boot, replaced atomically, only
+// ever changes to the running boot's ID; if it changes between this read
+// and the save, the save is durable without need, never the other way.
+func (s *DiskStore) boots() bootMarks {
+	return bootMarks{current: currentBoot(), marked: s.markedBoot()}
+}
+
 // save replaces the state file with b atomically, durably on the first
-// save of a boot (then recording the boot), without fsync after that.
-func (s *DiskStore) save(b []byte) error {
-	boot := currentBoot()
-	durable := boot == "" || s.markedBoot() != boot
+// save of a boot (then recording the boot, and removing the temporary
+// files earlier versions may have left), without fsync after that.
+func (s *DiskStore) save(b []byte, boots bootMarks) error {
+	durable := boots.current == "" || boots.marked != boots.current
 	if err := s.replace(stateFile, b, durable); err != nil {
 		return fmt.Errorf("save ipam state: %w", err)
 	}
-	if durable && boot != "" {
-		if err := s.replace(bootFile, []byte(boot+"\n"), true); err != nil {
+	if durable && boots.current != "" {
+		if err := s.replace(bootFile, []byte(boots.current+"\n"), true); err != nil {
 			return fmt.Errorf("save ipam state: recording the boot: %w", err)
 		}
+		s.removeOldTemps()
 	}
 	return nil
 }
 
-// replace writes b to a temporary file and renames it over dir/name. When
-// durable, the file is fsynced before the rename and the directory after.
+// replace puts b in dir/name atomically: it writes b over dir/name.tmp,
+// then swaps the two names in one step (RENAME_EXCHANGE), so that the
+// next save rewrites the file that held the previous state instead of
+// creating one: a new inode per save, the old one's deletion, and the
+// write-back that ext4 starts when a rename replaces a file, all under the
+// node-wide lock, cost more than the write. Where the target does not
+// exist yet or the file system cannot swap, it renames. When durable, the
+// file is fsynced before and the directory after.
 func (s *DiskStore) replace(name string, b []byte, durable bool) error {
-	tmp := filepath.Join(s.dir, name+tempInfix+strconv.Itoa(os.Getpid()))
-	if err := writeFile(tmp, b, durable); err != nil {
+	tmp, target := filepath.Join(s.dir, name+tempSuffix), filepath.Join(s.dir, name)
+	if err := overwrite(tmp, b, durable); err != nil {
 		_ = os.Remove(tmp)
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(s.dir, name)); err != nil {
-		_ = os.Remove(tmp)
-		return err
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, target, unix.RENAME_EXCHANGE); err != nil {
+		if err := os.Rename(tmp, target); err != nil {
+			_ = os.Remove(tmp)
+			return err
+		}
 	}
 	if durable {
 		return syncDir(s.dir)
@@ -266,36 +292,40 @@ func currentBoot() string {
 	return strings.TrimSpace(string(b))
 }
 
-// removeTemps deletes leftover temporary state files; errors are ignored
-// because a leftover file is harmless.
-func (s *DiskStore) removeTemps() {
+// removeOldTemps deletes the per-process temporary files of earlier
+// versions, left by processes killed mid-save; errors are ignored because
+// a leftover file is harmless.
+func (s *DiskStore) removeOldTemps() {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), stateFile+tempInfix) || strings.HasPrefix(e.Name(), bootFile+tempInfix) {
+		if strings.HasPrefix(e.Name(), stateFile+oldTempInfix) || strings.HasPrefix(e.Name(), bootFile+oldTempInfix) {
 			_ = os.Remove(filepath.Join(s.dir, e.Name()))
 		}
 	}
 }
 
-func writeFile(path string, b []byte, sync bool) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+// overwrite makes the file at path hold b, writing over what it holds and
+// cutting it to len(b) (never to zero first: ext4 would then write the file
+// back on close).
+func overwrite(path string, b []byte, sync bool) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(b); err != nil {
-		_ = f.Close()
-		return err
+	_, err = f.WriteAt(b, 0)
+	if err == nil {
+		err = f.Truncate(int64(len(b)))
 	}
-	if sync {
-		if err := f.Sync(); err != nil {
-			_ = f.Close()
-			return err
-		}
+	if err == nil && sync {
+		err = f.Sync()
 	}
-	return f.Close()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func syncDir(dir string) error {

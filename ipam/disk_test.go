@@ -2,6 +2,7 @@ package ipam_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/ipam"
 )
@@ -52,14 +55,23 @@ func openDisk(t *testing.T, dir string) *ipam.DiskStore {
 	return s
 }
 
-// tempFiles lists leftover temporary state files in dir.
+// tempFiles lists the files in dir other than the store's own: the lock,
+// the state and boot files and the one temporary file of each (which,
+// after a save, holds the previous version). Per-process temporary files
+// would accumulate.
 func tempFiles(t *testing.T, dir string) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, "state.json.tmp-*"))
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	var stray []string
+	for _, e := range entries {
+		if !slices.Contains([]string{"lock", "state.json", "state.json.tmp", "boot", "boot.tmp"}, e.Name()) {
+			stray = append(stray, e.Name())
+		}
+	}
+	return stray
 }
 
 func TestDiskStore(t *testing.T) {
@@ -70,10 +82,10 @@ func TestDiskStore(t *testing.T) {
 			t.Errorf("%s: mode %v, %v; want 0700", p, fi.Mode(), err)
 		}
 	}
+	storeContract(t, s)
 	if _, err := os.Stat(filepath.Join(dir, "lock")); err != nil {
 		t.Errorf("lock file: %v", err)
 	}
-	storeContract(t, s)
 	if m := tempFiles(t, dir); len(m) != 0 {
 		t.Errorf("temporary files left behind: %v", m)
 	}
@@ -132,21 +144,61 @@ func TestDiskStoreCorrupt(t *testing.T) {
 	}
 }
 
+// TestDiskStoreStaleTemp: temporary files left by processes killed
+// mid-save, a torn state.json.tmp and an earlier version's
+// state.json.tmp-<pid>, neither disturb reading nor accumulate: the next
+// save overwrites the one, the first save of a boot removes the other.
 func TestDiskStoreStaleTemp(t *testing.T) {
 	dir := t.TempDir()
 	s := openDisk(t, dir)
-	stale := filepath.Join(dir, "state.json.tmp-999999")
-	if err := os.WriteFile(stale, []byte(`{"vers`), 0o600); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"state.json.tmp", "state.json.tmp-999999"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(`{"vers`), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := s.View(func(st *ipam.State) error { return nil }); err != nil {
-		t.Fatalf("View with a stale temp file: %v", err)
+		t.Fatalf("View with stale temp files: %v", err)
 	}
-	if err := s.Update(func(*ipam.State) error { return nil }); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{"after-crash", "second"} {
+		if err := allocateOnDisk(dir, id, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if m := tempFiles(t, dir); len(m) != 0 {
 		t.Errorf("stale temporary files not removed: %v", m)
+	}
+	checkDistinct(t, dir, []string{"after-crash", "second"})
+}
+
+// TestDiskStoreReusesFiles: a save swaps the state file with its temporary
+// file, so saves alternate between two files instead of creating one each
+// time (and deleting the last), and the temporary file holds the previous
+// state, whole.
+func TestDiskStoreReusesFiles(t *testing.T) {
+	dir := t.TempDir()
+	s := openDisk(t, dir)
+	var inodes []uint64
+	var states [][]byte
+	for _, id := range []string{"a", "b", "c", "d"} {
+		if err := allocateOnDisk(dir, id, nil); err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(s.StatePath(), &st); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(s.StatePath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		inodes, states = append(inodes, st.Ino), append(states, b)
+	}
+	if inodes[0] != inodes[2] || inodes[1] != inodes[3] || inodes[0] == inodes[1] {
+		t.Errorf("state file inodes over four saves: %v; want two, alternating", inodes)
+	}
+	prev, err := os.ReadFile(s.StatePath() + ".tmp")
+	if err != nil || string(prev) != string(states[2]) {
+		t.Errorf("state.json.tmp after the fourth save: %q, %v; want the third save's state %q", prev, err, states[2])
 	}
 }
 
@@ -303,5 +355,40 @@ func TestDiskStoreBoots(t *testing.T) {
 	boot("boot-c")
 	if k := keys(); len(k) != 1 || k[0].ContainerID != "b1" {
 		t.Fatalf("keys of a sound state from an earlier boot: %v, want b1 (GC releases it)", k)
+	}
+}
+
+// TestDiskStoreSaveNotifies: every save shows as an inotify event naming
+// state.json (IN_MOVED_TO), which is how weft-agent learns of new
+// allocations without polling; the swap must keep announcing it.
+func TestDiskStoreSaveNotifies(t *testing.T) {
+	dir := t.TempDir()
+	openDisk(t, dir)
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_MOVED_TO); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"first", "second", "third"} { // rename, then swaps
+		if err := allocateOnDisk(dir, id, nil); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4096)
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			t.Fatalf("save of %s: no inotify event: %v", id, err)
+		}
+		var names []string
+		for b := buf[:n]; len(b) >= unix.SizeofInotifyEvent; {
+			l := int(binary.NativeEndian.Uint32(b[12:16]))
+			names = append(names, strings.TrimRight(string(b[unix.SizeofInotifyEvent:unix.SizeofInotifyEvent+l]), "\x00"))
+			b = b[unix.SizeofInotifyEvent+l:]
+		}
+		if !slices.Contains(names, "state.json") {
+			t.Errorf("save of %s moved %v, not state.json", id, names)
+		}
 	}
 }

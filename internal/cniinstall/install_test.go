@@ -63,6 +63,23 @@ func TestInstall(t *testing.T) {
 	}
 }
 
+// TestInstallOrder: the files always replaced are installed last, in the
+// order given, so that weft's shim never runs before the Go plugin it
+// executes is in place.
+func TestInstallOrder(t *testing.T) {
+	from, to := t.TempDir(), t.TempDir()
+	for _, n := range []string{"weft", "weft-plugin", "portmap", "bridge"} {
+		writeFile(t, filepath.Join(from, n), n)
+	}
+	got, err := Install(from, to, []string{"weft-plugin", "weft"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"bridge", "portmap", "weft-plugin", "weft"}; !slices.Equal(got, want) {
+		t.Fatalf("installed in the order %v, want %v", got, want)
+	}
+}
+
 // TestInstallWhileRunning replaces a plugin binary that is executing,
 // which an in-place write refuses with "text file busy".
 func TestInstallWhileRunning(t *testing.T) {

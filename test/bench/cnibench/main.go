@@ -11,7 +11,10 @@
 // after DEL, with a deleted namespace or otherwise) never lands on the
 // other's clock. The time that takes is printed too ("settle").
 //
-//	go run ./test/bench/cnibench -plugins bin/cni [-n 200] [-parallel 40] [-rounds 5] [-kernel 20]
+// Then it prints what each command costs in CPU time and page faults
+// (-cost: rusage, which hardly moves with the machine's load).
+//
+//	go run ./test/bench/cnibench -plugins bin/cni [-n 200] [-parallel 40] [-rounds 5] [-cost 30] [-kernel 20] [-latency=false]
 package main
 
 import (
@@ -56,6 +59,8 @@ func main() {
 	parallel := flag.Int("parallel", 40, "concurrent ADD+DEL pairs per round")
 	rounds := flag.Int("rounds", 5, "parallel rounds per plugin")
 	kernel := flag.Int("kernel", 20, "rounds of the kernel cost probe (0 skips it)")
+	costs := flag.Int("cost", 30, "ADD+DEL pairs per plugin measured by rusage (0 skips them)")
+	latency := flag.Bool("latency", true, "measure latency through libcni and print weft's traced breakdown")
 	flag.Parse()
 
 	benchlab.Main("cnibench", func(context.Context) error {
@@ -76,6 +81,9 @@ func main() {
 		subjects, err := subjects(work)
 		if err != nil {
 			return err
+		}
+		if !*latency {
+			return commandCosts(bin, subjects, *costs)
 		}
 		fmt.Printf("CNI ADD+DEL latency, %d sequential pairs and %d rounds of %d in parallel per plugin\n\n", *n, *rounds, *parallel)
 		b := &bench{rt: rt, settled: map[string][]time.Duration{}}
@@ -100,8 +108,16 @@ func main() {
 			return b.err
 		}
 		report(subjects, results, b.settled)
-		if err := breakdown(bin, work, subjects[0], *parallel); err != nil || *kernel == 0 {
+		if err := breakdown(bin, work, subjects[0], *parallel); err != nil {
 			return err
+		}
+		if *costs > 0 {
+			if err := commandCosts(bin, subjects, *costs); err != nil {
+				return err
+			}
+		}
+		if *kernel == 0 {
+			return nil
 		}
 		return kernelCosts(bin, *kernel)
 	})
@@ -273,7 +289,9 @@ func (b *bench) settle(s subject) error {
 
 // breakdown runs weft again with its trace on: 40 sequential pairs and one
 // parallel round, and prints the median of each phase, the plugin's own
-// total, and the rest of the wall time (exec, the Go runtime's start, exit).
+// total, and the rest of the wall time (the shim and its exchange with the
+// resident server, or, for a command it executed, exec, the Go runtime's
+// start, exit).
 func breakdown(bin, work string, weft subject, parallel int) error {
 	floor, err := execFloor(filepath.Join(bin, "weft"))
 	if err != nil {
@@ -281,7 +299,7 @@ func breakdown(bin, work string, weft subject, parallel int) error {
 	}
 	os.Setenv(cni.TraceEnv, "1")
 	defer os.Unsetenv(cni.TraceEnv)
-	fmt.Printf("\nweft, traced (%s): medians in ms; exec = wall - plugin total (exec, Go runtime start, exit); VERSION alone takes %s\n", cni.TraceEnv, round(floor))
+	fmt.Printf("\nweft, traced (%s): medians in ms; exec = wall - plugin total (the shim's start, exit and exchange with the resident server; a command the shim executed: exec, Go runtime start, exit); VERSION alone (the shim executing weft-plugin) takes %s\n", cni.TraceEnv, round(floor))
 	for _, mode := range []struct {
 		name         string
 		count, width int
