@@ -60,8 +60,14 @@ type Proxier struct {
 	mu       sync.Mutex
 	triggers []time.Time
 
-	prev       model.State
-	lastSyncOK atomic.Int64
+	// Owned by the sync loop. unflushed are the ports changed since the
+	// last successful sync, with what that sync programmed (for the UDP
+	// conntrack cleanup); healthPorts are the ports with a health-check
+	// node port, kept from each snapshot's changes.
+	unflushed   map[model.ServicePortName]model.Prior
+	healthPorts map[model.ServicePortName]bool
+	everSynced  bool
+	lastSyncOK  atomic.Int64
 }
 
 // New returns a proxier; feed it events, then Run it.
@@ -73,7 +79,8 @@ func New(b Backend, o Options) *Proxier {
 		o.SyncPeriod = time.Hour
 	}
 	p := &Proxier{opts: o, backend: b, tracker: model.NewTracker(), metrics: NewMetrics(), started: time.Now(),
-		synced: make(chan struct{})}
+		synced: make(chan struct{}), unflushed: map[model.ServicePortName]model.Prior{},
+		healthPorts: map[model.ServicePortName]bool{}}
 	p.runner = runner.New(p.sync, o.MinSyncPeriod, o.SyncPeriod)
 	return p
 }
@@ -158,9 +165,20 @@ func (p *Proxier) sync(_ context.Context, full bool) error {
 	p.triggers = nil
 	p.mu.Unlock()
 
-	st, changed, errs := p.tracker.Snapshot()
+	st, errs := p.tracker.Snapshot()
 	for _, e := range errs {
 		p.opts.Log.Warn("skipping invalid object", "kind", e.Kind, "key", e.Key, "field", e.Field, "err", e.Err)
+	}
+	for name, prior := range st.Delta.Changed {
+		if _, ok := p.unflushed[name]; !ok {
+			p.unflushed[name] = prior
+		}
+		sp := st.Ports[name]
+		if sp != nil && sp.ExternalPolicyLocal && sp.HealthCheckNodePort != 0 {
+			p.healthPorts[name] = true
+		} else {
+			delete(p.healthPorts, name)
+		}
 	}
 	if err := p.backend.Sync(st, full); err != nil {
 		p.lastSyncOK.Store(0)
@@ -179,8 +197,11 @@ func (p *Proxier) sync(_ context.Context, full bool) error {
 	}
 	p.metrics.servicePorts.Set(float64(len(st.Ports)))
 	p.syncHealth(st)
-	p.flushConntrack(st, changed)
-	p.prev = st
+	if p.everSynced {
+		p.flushConntrack(st, p.unflushed)
+	}
+	clear(p.unflushed)
+	p.everSynced = true
 	return nil
 }
 
@@ -191,10 +212,8 @@ func (p *Proxier) syncHealth(st model.State) {
 		return
 	}
 	want := map[uint16]healthcheck.Service{}
-	for name, sp := range st.Ports {
-		if !sp.ExternalPolicyLocal || sp.HealthCheckNodePort == 0 {
-			continue
-		}
+	for name := range p.healthPorts {
+		sp := st.Ports[name]
 		local := len(model.Select(sp, st.Endpoints[name], p.opts.NodeName, p.opts.Zone).Local)
 		cur := want[sp.HealthCheckNodePort]
 		cur.Namespace, cur.Name = name.Namespace, name.Name
@@ -207,14 +226,16 @@ func (p *Proxier) syncHealth(st model.State) {
 }
 
 // flushConntrack removes UDP conntrack entries that would keep clients on
-// a removed endpoint, or on a VIP that used to have no endpoints.
-func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortName]bool) {
-	if p.opts.FlushUDP == nil || p.prev.Ports == nil {
+// a removed endpoint, or on a VIP that used to have no endpoints; changed
+// are the ports changed since the previous successful sync, with what it
+// programmed.
+func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortName]model.Prior) {
+	if p.opts.FlushUDP == nil {
 		return
 	}
-	for name := range changed {
+	for name, prev := range changed {
 		sp := st.Ports[name]
-		old := p.prev.Ports[name]
+		old := prev.Port
 		if (sp != nil && sp.Protocol != model.UDP) || (sp == nil && (old == nil || old.Protocol != model.UDP)) {
 			continue
 		}
@@ -222,14 +243,14 @@ func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortNa
 		for _, e := range st.Endpoints[name] {
 			now[e.IP] = true
 		}
-		for _, e := range p.prev.Endpoints[name] {
+		for _, e := range prev.Endpoints {
 			if !now[e.IP] {
 				if err := p.opts.FlushUDP(e.IP, e.Port, false); err != nil {
 					p.opts.Log.Warn("conntrack cleanup", "service", name.String(), "endpoint", e.String(), "err", err)
 				}
 			}
 		}
-		if sp != nil && len(p.prev.Endpoints[name]) == 0 && len(st.Endpoints[name]) > 0 {
+		if sp != nil && len(prev.Endpoints) == 0 && len(st.Endpoints[name]) > 0 {
 			for _, vip := range append(append([]netip.Addr{}, sp.ClusterIPs...), sp.ExternalIPs...) {
 				if err := p.opts.FlushUDP(vip, sp.Port, true); err != nil {
 					p.opts.Log.Warn("conntrack cleanup", "service", name.String(), "vip", vip.String(), "err", err)

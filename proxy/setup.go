@@ -6,15 +6,18 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/healthcheck"
 	"github.com/weftnet/weft/proxy/iptables"
+	"github.com/weftnet/weft/proxy/ipvs"
 	"github.com/weftnet/weft/proxy/nftables"
 )
 
 // Config is the proxy configuration shared by weft-proxy and weft-agent.
 type Config struct {
-	Mode              string // "iptables" (default), "nftables" or "ebpf"
+	Mode              string // "iptables" (default), "nftables", "ipvs" or "ebpf"
 	NodeName, Zone    string
 	NodeIPs           []netip.Addr
 	NodePortAddresses []netip.Prefix // empty: every node IP
@@ -26,6 +29,8 @@ type Config struct {
 	SyncPeriod        time.Duration
 	HealthCheckPorts  bool
 	Log               *slog.Logger
+	// IPVS mode: the scheduler of every virtual server ("" is rr).
+	IPVSScheduler string
 	// eBPF mode: the cgroup v2 directory the socket programs attach to
 	// (default: the cgroup v2 mount) and the bpffs directory of weft's
 	// pinned maps and links (default ebpf.DefaultPinPath).
@@ -95,6 +100,15 @@ func Build(c Config) (*Proxier, Backend, error) {
 			return nil, nil, err
 		}
 		b = nb
+	case "ipvs":
+		ib, err := ipvs.New(ipvs.Config{
+			NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), ClusterCIDRs: c.ClusterCIDRs,
+			MasqueradeAll: c.MasqueradeAll, MasqueradeBit: c.MasqueradeBit, Scheduler: c.IPVSScheduler, Families: c.Families(),
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		b = ib
 	case "ebpf":
 		eb, err := newEBPF(c)
 		if err != nil {
@@ -102,14 +116,18 @@ func Build(c Config) (*Proxier, Backend, error) {
 		}
 		b = eb
 	default:
-		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables, nftables, ebpf)", c.Mode)
+		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables, nftables, ipvs, ebpf)", c.Mode)
 	}
 	o := Options{NodeName: c.NodeName, Zone: c.Zone, MinSyncPeriod: c.MinSyncPeriod, SyncPeriod: c.SyncPeriod,
 		Log: c.Log, FlushUDP: flushUDP}
 	if c.HealthCheckPorts {
 		o.Health = healthcheck.NewServer()
 	}
-	return New(b, o), b, nil
+	p := New(b, o)
+	if c, ok := b.(prometheus.Collector); ok {
+		p.metrics.Registry.MustRegister(c) // a backend's own metrics, such as the eBPF map fill levels
+	}
+	return p, b, nil
 }
 
 // newEBPF builds the eBPF backend, filling in the default paths.
@@ -126,4 +144,21 @@ func newEBPF(c Config) (*ebpf.Backend, error) {
 	}
 	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin,
 		Devices: c.BPFDevices, Families: c.Families(), MasqueradeBit: c.MasqueradeBit, IPTablesVariant: c.IPTablesVariant})
+}
+
+// Prepare starts, in the background, the start-up work of a backend that
+// has some of its own (ebpf: loading and verifying the programs), so that
+// it is paid while the sources list the cluster; the first sync still
+// waits for the whole initial state, and does that work itself if it
+// failed here.
+func Prepare(b Backend, log *slog.Logger) {
+	pr, ok := b.(interface{ Prepare() error })
+	if !ok {
+		return
+	}
+	go func() {
+		if err := pr.Prepare(); err != nil {
+			log.Warn("preparing the service proxy backend failed; the first sync tries again", "err", err)
+		}
+	}()
 }

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
@@ -40,6 +42,8 @@ var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_a
 
 // Backend is the eBPF service proxy backend.
 type Backend struct {
+	// mu serialises Sync, Cleanup and Collect (metrics).
+	mu    sync.Mutex
 	cfg   Config
 	r     *Renderer
 	objs  *sockObjects
@@ -52,8 +56,18 @@ type Backend struct {
 	uplinks []string
 	tc      map[tcHook]tcAttached
 	ipt     iptables.Exec
+	// udp terminates connected UDP sockets of removed backends; nil where
+	// the kernel cannot (weft_ebpf_udp_socket_termination_available 0).
+	udp *udpTerminator
 	// failed: the last apply failed, the next one is full.
 	failed bool
+	// synced: a sync attached the programs (start).
+	synced bool
+	// For the metrics: programs attached again per hook, UDP sockets
+	// terminated, the last counts of the LRU maps (own lock).
+	reattached map[string]int
+	terminated int
+	lru        lruCounts
 }
 
 // New checks that the kernel and the configured paths support the
@@ -66,7 +80,8 @@ func New(cfg Config) (*Backend, error) {
 	if len(cfg.Families) == 0 {
 		cfg.Families = []int{4}
 	}
-	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant}}, nil
+	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant},
+		reattached: map[string]int{}}, nil
 }
 
 // Probe returns an error naming the first thing the backend needs that
@@ -122,12 +137,17 @@ func isFS(path string, magic int64) error {
 // programs (reusing pinned maps and links: a restart reads the maps back
 // and swaps its programs into the links) and rewrites everything.
 func (b *Backend) Sync(st model.State, full bool) error {
-	first := b.objs == nil
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	first := !b.synced
 	if first {
 		if err := b.start(); err != nil {
 			return fmt.Errorf("starting the ebpf backend: %w", err)
 		}
+		b.synced = true
 		full = true
+	} else if err := b.reattach(); err != nil {
+		return fmt.Errorf("attaching detached programs again: %w", err)
 	}
 	if err := b.attachDevices(); err != nil {
 		return fmt.Errorf("attaching the per-packet programs: %w", err)
@@ -146,18 +166,85 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		return fmt.Errorf("syncing ebpf maps: %w", err)
 	}
 	b.failed = false
+	return b.terminateUDP()
+}
+
+// terminateUDP destroys the connected UDP sockets of backends the sync
+// removed from their frontends, now that the frontends hold the new
+// lists (a client opening a new socket gets one of them). Pairs whose
+// termination failed are tried again by the next sync.
+func (b *Backend) terminateUDP() error {
+	if len(b.w.stale) == 0 {
+		return nil
+	}
+	if b.udp == nil {
+		b.w.stale = nil
+		return nil
+	}
+	n, err := b.udp.terminate(b.w.stale)
+	b.w.Stats.UDPSocketsTerminated = n
+	b.terminated += n
+	if err != nil {
+		return fmt.Errorf("terminating connected UDP sockets of removed backends: %w", err)
+	}
+	b.w.stale = nil
 	return nil
 }
 
 // LastStats are the map writes of the last sync.
 func (b *Backend) LastStats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.w == nil {
 		return Stats{}
 	}
 	return b.w.Stats
 }
 
+// Prepare loads the programs and opens the maps (pinned ones are read
+// back), the part of the first Sync that does not depend on the Services:
+// a caller may run it while the initial lists are read, before the first
+// Sync. It attaches nothing and writes no map entry the programs could
+// see (slots left without a master entry by an interrupted removal
+// excepted, which it deletes): the first Sync still attaches the programs,
+// writes the masquerade glue and the whole cluster view. Once it has
+// succeeded it does nothing more; after an error, the first Sync tries
+// again (and returns the error).
+func (b *Backend) Prepare() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.prepare()
+}
+
+// start is the first Sync's part before the maps are written: prepare,
+// then the masquerade glue and the cgroup links.
 func (b *Backend) start() error {
+	if err := b.prepare(); err != nil {
+		return err
+	}
+	if err := installMasq(b.ipt, b.cfg.Families, b.cfg.masqMark()); err != nil {
+		return err
+	}
+	links := make([]link.Link, 0, len(hooks))
+	for _, h := range hooks {
+		l, err := b.attach(h, h.prog(&b.objs.sockPrograms))
+		if err != nil {
+			for _, l := range links {
+				_ = l.Close()
+			}
+			return fmt.Errorf("attaching %s to %s: %w", h.name, b.cfg.CgroupRoot, err)
+		}
+		links = append(links, l)
+	}
+	b.links = links
+	return nil
+}
+
+// prepare loads the programs and the maps once.
+func (b *Backend) prepare() error {
+	if b.objs != nil {
+		return nil
+	}
 	if err := os.MkdirAll(b.cfg.PinPath, 0o700); err != nil {
 		return err
 	}
@@ -174,38 +261,38 @@ func (b *Backend) start() error {
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
 	var np nodeportObjects
-	if err := loadPerPacket(&np, opts, b.cfg.masqMark()); err != nil {
+	var udp *udpTerminator
+	loaded := false
+	defer func() {
+		if loaded {
+			return
+		}
+		if udp != nil {
+			udp.close()
+		}
 		_ = objs.Close()
+		_ = np.Close()
+	}()
+	if err := loadPerPacket(&np, opts, b.cfg.masqMark()); err != nil {
 		return fmt.Errorf("loading the per-packet programs: %w", err)
+	}
+	// Without bpf_sock_destroy (Linux < 6.5) the socket programs still
+	// serve; connected UDP sockets stay on a removed backend until the
+	// client closes them.
+	udp, udpErr := loadUDPTerminator(b.cfg.PinPath, b.cfg.CgroupRoot)
+	if udpErr != nil && !errors.Is(udpErr, ebpf.ErrNotSupported) && !errors.Is(udpErr, btf.ErrNotFound) {
+		return udpErr
 	}
 	w := newWriter(writerMaps{services: objs.WeftServices, backends: objs.WeftBackends, members: objs.WeftAffinityMembers,
 		ranges: np.WeftSrcRanges, maglev: np.WeftMaglev})
-	err := w.load()
-	if err == nil {
-		err = w.dropOrphans()
-	}
-	if err == nil {
-		err = installMasq(b.ipt, b.cfg.Families, b.cfg.masqMark())
-	}
-	if err != nil {
-		_ = objs.Close()
-		_ = np.Close()
+	if err := w.load(); err != nil {
 		return err
 	}
-	var links []link.Link
-	for _, h := range hooks {
-		l, err := b.attach(h, h.prog(&objs.sockPrograms))
-		if err != nil {
-			for _, l := range links {
-				_ = l.Close()
-			}
-			_ = objs.Close()
-			_ = np.Close()
-			return fmt.Errorf("attaching %s to %s: %w", h.name, b.cfg.CgroupRoot, err)
-		}
-		links = append(links, l)
+	if err := w.dropOrphans(); err != nil {
+		return err
 	}
-	b.objs, b.np, b.links, b.w, b.uplinks = &objs, &np, links, w, uplinks
+	loaded = true
+	b.objs, b.np, b.w, b.uplinks, b.udp = &objs, &np, w, uplinks, udp
 	return nil
 }
 
@@ -267,6 +354,8 @@ func (b *Backend) attach(h hook, prog *ebpf.Program) (link.Link, error) {
 // filters) and removes its pinned links and maps: what is pinned under
 // the pin path by the names weft uses, nothing else.
 func (b *Backend) Cleanup() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	var errs []error
 	for _, l := range b.links {
 		_ = l.Unpin()
@@ -283,6 +372,11 @@ func (b *Backend) Cleanup() error {
 		_ = b.objs.Close()
 		_ = b.np.Close()
 		b.objs, b.np, b.w = nil, nil, nil
+		b.synced = false
+	}
+	if b.udp != nil {
+		b.udp.close()
+		b.udp = nil
 	}
 	for _, h := range hooks {
 		path := filepath.Join(b.cfg.PinPath, "link_"+h.name)

@@ -27,6 +27,8 @@
 // content across a restart; a new proxy reads the maps back and swaps its
 // programs into the pinned links.
 //
-// Not yet here (see docs/architecture.md, "eBPF backend"): terminating
-// connected UDP sockets on a removed backend.
+// A connected UDP socket is connected to its backend itself, so after a
+// sync that removed backends from UDP frontends, a socket iterator
+// (bpf/udpdestroy.c) destroys the sockets translated to them, in each
+// network namespace of the cgroup's threads (udpterm.go).
 package ebpf

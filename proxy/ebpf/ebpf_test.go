@@ -36,11 +36,10 @@ func TestMain(m *testing.M) {
 var backend = proxytest.Backend{
 	Mode:  "ebpf",
 	Setup: setup,
-	Unsupported: map[proxytest.Feature]string{
-		proxytest.UDPSocketMove: "a connected UDP socket is connected to the backend itself; terminating it (SOCK_DESTROY) is not written yet, " +
-			"and a terminated socket is disconnected, so a client must open a new one, not keep writing on it as this scenario does",
-	},
-	Outside: outsideGet,
+	// A connected UDP socket is connected to the backend itself: when the
+	// backend leaves, the socket is destroyed (bpf/udpdestroy.c).
+	TerminatesUDP: true,
+	Outside:       outsideGet,
 }
 
 // TestScenarios runs the backend-neutral real-traffic scenario table.

@@ -487,3 +487,52 @@ func passTC(t *testing.T, name string) *ebpf.Program {
 	t.Cleanup(func() { p.Close() })
 	return p
 }
+
+// TestPrepare: Prepare (weft-proxy runs it while the informers list the
+// cluster) loads the programs and reads the pinned maps back, but
+// attaches nothing and leaves what the programs read alone: on a new node
+// no program is attached before the first sync, and after a restart the
+// previous programs serve the previous state until the first sync swaps
+// the new ones in and writes the whole cluster view.
+func TestPrepare(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a", "b")
+	cg := envs[t].cgroup
+	b := n.Backend.(*weftebpf.Backend)
+	if err := b.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := programIDs(t, cg, ebpf.AttachCGroupInet4Connect); len(ids) != 0 {
+		t.Fatalf("connect4 programs %v after Prepare, want none before the first sync", ids)
+	}
+	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
+	n.Slices = append(n.Slices, proxytest.Slice("web", n.Local("a")))
+	n.Sync()
+	if st := b.LastStats(); st.Frontends != 2 || st.BackendsAdded != 2 {
+		t.Fatalf("first sync after Prepare: %+v, want both frontends and a's 2 backends written", st)
+	}
+	get := func(when string) {
+		t.Helper()
+		if r, err := proxytest.Get(n.Pods["b"].NS, "", "http://10.96.0.10/"); err != nil || r.Pod != "a" {
+			t.Fatalf("service %s: %+v %v, want pod a", when, r, err)
+		}
+	}
+	get("after the first sync")
+	before := programIDs(t, cg, ebpf.AttachCGroupInet4Connect)
+	n.Backend = n.NewBackend()
+	restarted := n.Backend.(*weftebpf.Backend)
+	if err := restarted.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := programIDs(t, cg, ebpf.AttachCGroupInet4Connect); !slices.Equal(ids, before) {
+		t.Fatalf("connect4 programs %v after a restarted backend's Prepare, want the previous %v until its first sync", ids, before)
+	}
+	get("after a restarted backend's Prepare")
+	n.Sync()
+	if after := programIDs(t, cg, ebpf.AttachCGroupInet4Connect); len(after) != 1 || after[0] == before[0] {
+		t.Fatalf("connect4 programs %v before the restart's first sync, %v after: want one, replaced", before, after)
+	}
+	if st := restarted.LastStats(); st.Frontends != 2 || st.BackendsAdded != 0 {
+		t.Fatalf("restarted backend's first sync: %+v, want both frontends rewritten with the backends read back", st)
+	}
+	get("after the restarted backend's first sync")
+}

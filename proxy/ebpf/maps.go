@@ -2,14 +2,12 @@ package ebpf
 
 import (
 	"cmp"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/proxy/model"
 )
@@ -56,8 +54,13 @@ type writer struct {
 	orphans     []sockSvcKey    // slots without a master entry, found by load
 	refs        map[uint32]int  // active lists naming each backend
 	unused      map[uint32]bool // backends whose count fell to 0 this sync
+	// stale are the backends removed from UDP frontends of the socket
+	// programs whose connected sockets are still to be terminated.
+	stale []staleUDP
 	// Stats of the last apply.
 	Stats Stats
+	// tally counts what the frontends keep in the maps (metrics).
+	tally tally
 }
 
 // Stats count the map writes of one sync.
@@ -68,6 +71,9 @@ type Stats struct {
 	BackendsRemoved  int
 	SlotsWritten     int
 	UnchangedSkipped int
+	// UDPSocketsTerminated: connected UDP sockets of removed backends
+	// destroyed after the sync.
+	UDPSocketsTerminated int
 }
 
 // writerMaps are the maps a writer writes; members, ranges and maglev may
@@ -141,6 +147,9 @@ func (w *writer) load() error {
 			w.unused[id] = true
 		}
 	}
+	for fk, f := range w.fronts {
+		w.tally.add(fk, f, 1)
+	}
 	for fk, s := range slots {
 		if w.fronts[fk] == nil {
 			for slot := range s {
@@ -184,8 +193,13 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
+	w.addBackends(want, keys)
+	added := w.addFrontends(want, keys)
 	var errs []error
 	for _, k := range keys {
+		if added[k] {
+			continue
+		}
 		if f, ok := want[k]; ok {
 			if err := w.write(k, f, full); err != nil {
 				errs = append(errs, fmt.Errorf("service port %s, frontend %s: %w", f.Service, k, err))
@@ -229,19 +243,7 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 		}
 		ids[i] = id
 	}
-	flags := uint8(0)
-	switch f.Verdict {
-	case Reject:
-		flags = flagReject
-	case Drop:
-		flags = flagDrop
-	}
-	if f.Masquerade {
-		flags |= flagSNAT
-	}
-	if len(f.SourceRanges) > 0 {
-		flags |= flagRanges
-	}
+	flags := flagsOf(f)
 	cur := w.fronts[k]
 	if cur != nil && !full && cur.flags == flags && cur.affinity == uint32(f.AffinitySeconds) && equalIDs(cur.backends, ids) &&
 		slices.Equal(cur.ranges, f.SourceRanges) {
@@ -289,10 +291,13 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 		return fmt.Errorf("writing the master entry: %w", err)
 	}
 	w.fronts[k] = next
+	w.tally.add(k, cur, -1)
+	w.tally.add(k, next, 1)
 	w.Stats.Frontends++
 	var old []uint32
 	if cur != nil {
 		old = cur.backends
+		w.noteStale(k, old, ids)
 	}
 	w.ref(old, ids)
 	if cur != nil {
@@ -313,6 +318,110 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 		return w.dropMembers(cur.id, cur.backends, keep)
 	}
 	return nil
+}
+
+// flagsOf are the master entry's flags of f.
+func flagsOf(f Frontend) uint8 {
+	flags := uint8(0)
+	switch f.Verdict {
+	case Reject:
+		flags = flagReject
+	case Drop:
+		flags = flagDrop
+	}
+	if f.Masquerade {
+		flags |= flagSNAT
+	}
+	if len(f.SourceRanges) > 0 {
+		flags |= flagRanges
+	}
+	return flags
+}
+
+// addFrontends writes the new plain frontends of keys (socket scope,
+// without affinity: the ClusterIPs, nearly all of a first sync) a batch
+// of entries per update: every slot, then every master entry. As with
+// write, a reader finds a frontend by its master entry only, written after
+// its slots. It returns the keys written; the others, and any a failed
+// update left, go through write (one frontend at a time, an error naming
+// it).
+func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey) map[FrontendKey]bool {
+	type pending struct {
+		k    FrontendKey
+		next *frontendState
+	}
+	var todo []pending
+	var slotKeys []sockSvcKey
+	var slotVals []sockSvcValue
+	if len(w.fronts) == 0 {
+		// A first fill: nearly every frontend goes here.
+		n := 0
+		for _, k := range keys {
+			n += len(want[k].Backends)
+		}
+		slotKeys, slotVals, todo = make([]sockSvcKey, 0, n), make([]sockSvcValue, 0, n), make([]pending, 0, len(keys))
+		w.fronts = make(map[FrontendKey]*frontendState, len(keys))
+	}
+	nextFront := w.nextFront
+	for _, k := range keys {
+		f, ok := want[k]
+		if !ok || w.fronts[k] != nil || k.External || f.AffinitySeconds > 0 || len(f.SourceRanges) > 0 || len(f.Backends) >= slotHalf {
+			continue
+		}
+		ids := make([]uint32, len(f.Backends))
+		known := true
+		for i, ap := range f.Backends {
+			ids[i], known = w.backendID[ap]
+			if !known {
+				break
+			}
+		}
+		if !known {
+			continue // its backend failed to go in a batch: write tries it alone
+		}
+		nextFront++
+		next := &frontendState{id: nextFront, flags: flagsOf(f), backends: ids}
+		next.used[0] = uint16(len(ids))
+		for i, id := range ids {
+			slotKeys, slotVals = append(slotKeys, svcKey(k, uint16(i)+1)), append(slotVals, sockSvcValue{BackendId: id})
+		}
+		todo = append(todo, pending{k, next})
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	for len(slotKeys) > 0 {
+		n := min(len(slotKeys), backendBatch)
+		if _, err := w.services.BatchUpdate(slotKeys[:n], slotVals[:n], nil); err != nil {
+			return nil // slots without a master entry are not read; write rewrites them
+		}
+		slotKeys, slotVals = slotKeys[n:], slotVals[n:]
+	}
+	w.nextFront = nextFront
+	added := make(map[FrontendKey]bool, len(todo))
+	for len(todo) > 0 {
+		n := min(len(todo), backendBatch)
+		mk := make([]sockSvcKey, n)
+		mv := make([]sockSvcValue, n)
+		for i, p := range todo[:n] {
+			mk[i] = svcKey(p.k, 0)
+			mv[i] = sockSvcValue{Count: p.next.used[0], Flags: p.next.flags, SvcId: p.next.id}
+		}
+		done, err := w.services.BatchUpdate(mk, mv, nil)
+		for _, p := range todo[:min(done, n)] {
+			w.fronts[p.k] = p.next
+			w.tally.add(p.k, p.next, 1)
+			w.ref(nil, p.next.backends)
+			w.Stats.Frontends++
+			w.Stats.SlotsWritten += len(p.next.backends)
+			added[p.k] = true
+		}
+		if err != nil {
+			break
+		}
+		todo = todo[n:]
+	}
+	return added
 }
 
 // setMembers records ids as the backends affinity may return to.
@@ -365,6 +474,8 @@ func (w *writer) remove(k FrontendKey, f *frontendState) error {
 		return err
 	}
 	delete(w.fronts, k)
+	w.tally.add(k, f, -1)
+	w.noteStale(k, f.backends, nil)
 	w.ref(f.backends, nil)
 	w.Stats.Removed++
 	for h := range uint16(2) {
@@ -386,6 +497,68 @@ func (w *writer) remove(k FrontendKey, f *frontendState) error {
 	return nil
 }
 
+// noteStale records the backends of old that keep lacks as removed from
+// frontend k, when k is a UDP frontend of the socket programs (whose
+// connected sockets are connected to the backend itself).
+func (w *writer) noteStale(k FrontendKey, old, keep []uint32) {
+	if k.Protocol != model.UDP || k.External {
+		return
+	}
+	for _, id := range old {
+		if !slices.Contains(keep, id) {
+			w.stale = append(w.stale, staleUDP{frontend: netip.AddrPortFrom(k.Addr, k.Port), backend: w.backendAddr[id]})
+		}
+	}
+}
+
+// backendBatch bounds the backends written by one map update.
+const backendBatch = 4096
+
+// addBackends writes the backends the frontends keys will name and the map
+// lacks, a batch of them per update (a first sync writes one per endpoint
+// of the cluster). A backend no frontend names yet is unused until one
+// does. After a failed update the rest are left to write, which writes
+// each alone and names the frontend of one that fails.
+func (w *writer) addBackends(want map[FrontendKey]Frontend, keys []FrontendKey) {
+	n := 0
+	for _, k := range keys {
+		n += len(want[k].Backends)
+	}
+	aps := make([]netip.AddrPort, 0, n)
+	seen := make(map[netip.AddrPort]bool, n)
+	for _, k := range keys {
+		for _, ap := range want[k].Backends {
+			if _, ok := w.backendID[ap]; !ok && !seen[ap] {
+				seen[ap] = true
+				aps = append(aps, ap)
+			}
+		}
+	}
+	if len(w.backendID) == 0 && len(aps) > 0 {
+		// A first fill: the maps of the writer get their size at once
+		// rather than by doubling.
+		w.backendID, w.backendAddr = make(map[netip.AddrPort]uint32, len(aps)), make(map[uint32]netip.AddrPort, len(aps))
+		w.refs, w.unused = make(map[uint32]int, len(aps)), make(map[uint32]bool, len(aps))
+	}
+	for len(aps) > 0 {
+		n := min(len(aps), backendBatch)
+		ids := make([]uint32, n)
+		vals := make([]sockBackend, n)
+		for i, ap := range aps[:n] {
+			ids[i] = w.nextBackend + 1 + uint32(i)
+			vals[i] = sockBackend{Addr: toWords(ap.Addr()), Port: htons(ap.Port())}
+		}
+		done, err := w.backends.BatchUpdate(ids, vals, nil)
+		for i, ap := range aps[:min(done, n)] {
+			w.added(ap, ids[i])
+		}
+		if err != nil {
+			return // the rest one by one, each error naming its frontend
+		}
+		aps = aps[n:]
+	}
+}
+
 // backend returns the id of ap, writing a new backend entry if needed.
 func (w *writer) backend(ap netip.AddrPort) (uint32, error) {
 	if id, ok := w.backendID[ap]; ok {
@@ -395,11 +568,16 @@ func (w *writer) backend(ap netip.AddrPort) (uint32, error) {
 	if err := w.backends.Update(id, sockBackend{Addr: toWords(ap.Addr()), Port: htons(ap.Port())}, ebpf.UpdateAny); err != nil {
 		return 0, fmt.Errorf("writing backend %s: %w", ap, err)
 	}
-	w.nextBackend = id
+	w.added(ap, id)
+	return id, nil
+}
+
+// added records backend ap written as id.
+func (w *writer) added(ap netip.AddrPort, id uint32) {
+	w.nextBackend = max(w.nextBackend, id)
 	w.backendID[ap], w.backendAddr[id] = id, ap
 	w.unused[id] = true // until a master entry names it
 	w.Stats.BackendsAdded++
-	return id, nil
 }
 
 // ref moves the active-list counts from old to new ids, noting backends
@@ -448,187 +626,4 @@ func equalIDs(a, b []uint32) bool {
 		}
 	}
 	return true
-}
-
-func svcKey(k FrontendKey, slot uint16) sockSvcKey {
-	scope := uint8(scopeSocket)
-	if k.External {
-		scope = scopeExternal
-	}
-	return sockSvcKey{Addr: toWords(k.Addr), Port: htons(k.Port), Proto: protocolNumber(k.Protocol), Scope: scope, Slot: slot}
-}
-
-// rangeKey is the source-range trie's key of prefix p of frontend svc:
-// the frontend id, then the address, IPv4 as ::ffff:a.b.c.d.
-func rangeKey(svc uint32, p netip.Prefix) nodeportSrcRangeKey {
-	bits := p.Bits()
-	if p.Addr().Is4() {
-		bits += 96
-	}
-	return nodeportSrcRangeKey{Prefixlen: uint32(32 + bits), SvcId: htonl(svc), Addr: toWords(p.Addr())}
-}
-
-// setRanges writes the source ranges of frontend svc.
-func (w *writer) setRanges(svc uint32, ranges []netip.Prefix) error {
-	for _, p := range ranges {
-		if err := w.ranges.Update(rangeKey(svc, p), uint8(1), ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("writing source range %s: %w", p, err)
-		}
-	}
-	return nil
-}
-
-// dropRanges deletes the source ranges of frontend svc in old that keep
-// lacks.
-func (w *writer) dropRanges(svc uint32, old, keep []netip.Prefix) error {
-	for _, p := range old {
-		if slices.Contains(keep, p) {
-			continue
-		}
-		if err := w.ranges.Delete(rangeKey(svc, p)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting source range %s: %w", p, err)
-		}
-	}
-	return nil
-}
-
-// loadRanges reads the source ranges back into the frontends they belong
-// to; those of no frontend (a removal interrupted) are deleted.
-func (w *writer) loadRanges() error {
-	if w.ranges == nil {
-		return nil
-	}
-	byID := map[uint32]*frontendState{}
-	for _, f := range w.fronts {
-		byID[f.id] = f
-	}
-	var k nodeportSrcRangeKey
-	var v uint8
-	var stale []nodeportSrcRangeKey
-	it := w.ranges.Iterate()
-	for it.Next(&k, &v) {
-		f := byID[ntohl(k.SvcId)]
-		if f == nil {
-			stale = append(stale, k)
-			continue
-		}
-		bits := int(k.Prefixlen) - 32
-		a := fromWords(k.Addr)
-		if a.Is4() {
-			bits -= 96
-		}
-		f.ranges = append(f.ranges, netip.PrefixFrom(a, bits))
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading the source ranges map: %w", err)
-	}
-	for _, k := range stale {
-		if err := w.ranges.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting an orphan source range: %w", err)
-		}
-	}
-	return nil
-}
-
-// toWords lays an address out as bpf/sock.c reads it: 16 bytes in network
-// order, IPv4 as ::ffff:a.b.c.d.
-func toWords(a netip.Addr) [4]uint32 {
-	b := a.As16()
-	var w [4]uint32
-	for i := range w {
-		w[i] = binary.NativeEndian.Uint32(b[4*i:])
-	}
-	return w
-}
-
-func fromWords(w [4]uint32) netip.Addr {
-	var b [16]byte
-	for i := range w {
-		binary.NativeEndian.PutUint32(b[4*i:], w[i])
-	}
-	return netip.AddrFrom16(b).Unmap()
-}
-
-// htons gives the value whose bytes in memory are p in network order.
-func htons(p uint16) uint16 { return binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, p)) }
-
-func ntohs(p uint16) uint16 { return binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, p)) }
-
-// setMaglev writes a new Maglev table for frontend svc (ids are the ids
-// of backends) and swaps it in whole: a reader sees the old table or the
-// new one.
-func (w *writer) setMaglev(svc uint32, backends []netip.AddrPort, ids []uint32) error {
-	m := maglevSize(len(ids))
-	table, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: m, Flags: unix.BPF_F_INNER_MAP})
-	if err != nil {
-		return fmt.Errorf("creating a Maglev table of %d entries: %w", m, err)
-	}
-	defer table.Close()
-	keys, vals := make([]uint32, m), make([]uint32, m)
-	for i, b := range maglevTable(backends, m) {
-		keys[i], vals[i] = uint32(i), ids[b]
-	}
-	if _, err := table.BatchUpdate(keys, vals, nil); err != nil {
-		return fmt.Errorf("filling the Maglev table: %w", err)
-	}
-	if err := w.maglev.Update(svc, table, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("swapping in the Maglev table: %w", err)
-	}
-	return nil
-}
-
-// dropMaglev deletes the Maglev table of frontend svc.
-func (w *writer) dropMaglev(svc uint32) error {
-	if err := w.maglev.Delete(svc); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("deleting the Maglev table: %w", err)
-	}
-	return nil
-}
-
-// dropOrphanTables deletes the Maglev tables of no frontend (a removal
-// interrupted).
-func (w *writer) dropOrphanTables() error {
-	if w.maglev == nil {
-		return nil
-	}
-	ids := map[uint32]bool{}
-	for _, f := range w.fronts {
-		ids[f.id] = true
-	}
-	var id uint32
-	var stale []uint32
-	it := w.maglev.Iterate()
-	var inner ebpf.MapID
-	for it.Next(&id, &inner) {
-		if !ids[id] {
-			stale = append(stale, id)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading the Maglev tables: %w", err)
-	}
-	for _, id := range stale {
-		if err := w.dropMaglev(id); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func htonl(v uint32) uint32 { return binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, v)) }
-
-func ntohl(v uint32) uint32 { return binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, v)) }
-
-func protocolNumber(p model.Protocol) uint8 {
-	if p == model.UDP {
-		return 17
-	}
-	return 6
-}
-
-func protocolOf(n uint8) model.Protocol {
-	if n == 17 {
-		return model.UDP
-	}
-	return model.TCP
 }

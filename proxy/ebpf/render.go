@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -127,8 +128,11 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 		if ext != nil {
 			f.Masquerade, f.SourceRanges = ext.Masquerade, ext.SourceRanges
 		}
-		for _, e := range eps {
-			f.Backends = append(f.Backends, netip.AddrPortFrom(e.IP.Unmap(), e.Port))
+		if len(eps) > 0 {
+			f.Backends = make([]netip.AddrPort, len(eps))
+			for i, e := range eps {
+				f.Backends[i] = netip.AddrPortFrom(e.IP.Unmap(), e.Port)
+			}
 		}
 		switch {
 		case len(f.Backends) > 0:
@@ -141,12 +145,7 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 	}
 	for _, fam := range []bool{true, false} {
 		is4 := func(a netip.Addr) bool { return a.Unmap().Is4() == fam }
-		var eps []model.Endpoint
-		for _, e := range all {
-			if is4(e.IP) {
-				eps = append(eps, e)
-			}
-		}
+		eps := ofFamily(all, is4)
 		sel := model.Select(sp, eps, cfg.NodeName, cfg.Zone)
 		for _, ip := range sp.ClusterIPs {
 			if is4(ip) {
@@ -187,6 +186,31 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 	return out
 }
 
+// ofFamily returns the endpoints of all whose address is is4's family:
+// all itself when that is every one of them (nothing here changes an
+// endpoint list, the tracker's included), else a copy of those.
+func ofFamily(all []model.Endpoint, is4 func(netip.Addr) bool) []model.Endpoint {
+	n := 0
+	for _, e := range all {
+		if is4(e.IP) {
+			n++
+		}
+	}
+	switch n {
+	case len(all):
+		return all
+	case 0:
+		return nil
+	}
+	eps := make([]model.Endpoint, 0, n)
+	for _, e := range all {
+		if is4(e.IP) {
+			eps = append(eps, e)
+		}
+	}
+	return eps
+}
+
 // Renderer is Render's incremental form: it keeps each service port's
 // frontends and re-renders only the ports whose ServicePort or endpoint
 // list changed (the tracker never mutates either, so pointer identity
@@ -196,6 +220,9 @@ type Renderer struct {
 	ports  map[model.ServicePortName]renderedPort
 	claims map[FrontendKey][]model.ServicePortName // ports rendering a key, in name order
 	out    map[FrontendKey]Frontend
+	// cursor: the tracker's snapshot last rendered, whose Delta then names
+	// the ports to look at.
+	cursor model.Cursor
 }
 
 type renderedPort struct {
@@ -211,32 +238,34 @@ func NewRenderer(cfg Config) *Renderer {
 }
 
 // Update returns what Render(st) returns (the renderer's own map: do not
-// change it) and the keys whose frontend may have changed or gone.
+// change it) and the keys whose frontend may have changed or gone. When st
+// follows the snapshot rendered last, only the ports its Delta names are
+// looked at; otherwise every port.
 func (r *Renderer) Update(st model.State) (map[FrontendKey]Frontend, map[FrontendKey]bool) {
-	dirty := map[FrontendKey]bool{}
-	for name, rp := range r.ports {
-		if _, ok := st.Ports[name]; !ok {
-			r.drop(name, rp, dirty)
-			delete(r.ports, name)
+	var names []model.ServicePortName
+	if changed, all := r.cursor.Next(st); !all {
+		names = slices.Collect(maps.Keys(changed))
+	} else {
+		for name := range r.ports {
+			if _, ok := st.Ports[name]; !ok {
+				names = append(names, name)
+			}
+		}
+		for name := range st.Ports {
+			names = append(names, name)
 		}
 	}
-	for name, sp := range st.Ports {
-		eps := st.Endpoints[name]
-		rp, ok := r.ports[name]
-		if ok && rp.sp == sp && sameList(rp.eps, eps) {
-			continue
+	// A port renders from itself alone: many (a first sync) render on
+	// every CPU, then join the claims in turn.
+	fronts := make([]map[FrontendKey]Frontend, len(names))
+	model.Parallel(len(names), func(i int) {
+		if sp := st.Ports[names[i]]; sp != nil && !r.rendered(names[i], st) {
+			fronts[i] = renderPort(r.cfg, sp, st.Endpoints[names[i]])
 		}
-		if ok {
-			r.drop(name, rp, dirty)
-		}
-		rp = renderedPort{sp: sp, eps: eps, fronts: renderPort(r.cfg, sp, eps)}
-		r.ports[name] = rp
-		for k := range rp.fronts {
-			c := append(r.claims[k], name)
-			slices.SortFunc(c, compareNames)
-			r.claims[k] = c
-			dirty[k] = true
-		}
+	})
+	dirty := map[FrontendKey]bool{}
+	for i, name := range names {
+		r.port(name, st, fronts[i], dirty)
 	}
 	for k := range dirty {
 		if c := r.claims[k]; len(c) > 0 {
@@ -246,6 +275,38 @@ func (r *Renderer) Update(st model.State) (map[FrontendKey]Frontend, map[Fronten
 		}
 	}
 	return r.out, dirty
+}
+
+// rendered reports whether the port name is rendered as st has it.
+func (r *Renderer) rendered(name model.ServicePortName, st model.State) bool {
+	rp, ok := r.ports[name]
+	return ok && rp.sp == st.Ports[name] && sameList(rp.eps, st.Endpoints[name])
+}
+
+// port puts the port name as st has it, whose frontends are fronts, in
+// place of what was rendered (or withdraws it) unless that is what was
+// rendered, marking the keys that may change.
+func (r *Renderer) port(name model.ServicePortName, st model.State, fronts map[FrontendKey]Frontend, dirty map[FrontendKey]bool) {
+	if r.rendered(name, st) {
+		return
+	}
+	sp, eps := st.Ports[name], st.Endpoints[name]
+	rp, ok := r.ports[name]
+	if ok {
+		r.drop(name, rp, dirty)
+		delete(r.ports, name)
+	}
+	if sp == nil {
+		return
+	}
+	rp = renderedPort{sp: sp, eps: eps, fronts: fronts}
+	r.ports[name] = rp
+	for k := range rp.fronts {
+		c := append(r.claims[k], name)
+		slices.SortFunc(c, compareNames)
+		r.claims[k] = c
+		dirty[k] = true
+	}
 }
 
 // drop withdraws a port's claims.

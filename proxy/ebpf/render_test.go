@@ -1,6 +1,7 @@
 package ebpf_test
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -142,7 +143,7 @@ func TestRendererMatchesRender(t *testing.T) {
 	prev := map[ebpf.FrontendKey]ebpf.Frontend{}
 	check := func(step string) {
 		t.Helper()
-		st, _, _ := tr.Snapshot()
+		st, _ := tr.Snapshot()
 		got, dirty := r.Update(st)
 		want := ebpf.Render(cfg, st)
 		if !reflect.DeepEqual(got, want) {
@@ -186,4 +187,23 @@ func TestRendererMatchesRender(t *testing.T) {
 	check("np removed")
 	tr.OnEndpointSlice(slices[4], nil)
 	check("lb without endpoints")
+	// Hundreds of Services at once (rendered on every CPU), a hundred of
+	// them claiming extip's externalIP and port; then they go.
+	var many []*corev1.Service
+	for i := range 600 {
+		name := fmt.Sprintf("many-%03d", i)
+		s := proxytest.Service(name, fmt.Sprintf("10.97.%d.%d", i/200, i%200+1), func(s *corev1.Service) {
+			if i%6 == 0 {
+				s.Spec.ExternalIPs = []string{proxytest.ExtIPv4}
+			}
+		})
+		many = append(many, s)
+		tr.OnService(nil, s)
+		tr.OnEndpointSlice(nil, proxytest.Slice(name, proxytest.Endpoint{IP: proxytest.PodC, Node: proxytest.NodeName}))
+	}
+	check("600 Services added")
+	for _, s := range many {
+		tr.OnService(s, nil)
+	}
+	check("600 Services removed")
 }

@@ -31,6 +31,9 @@ type Renderer struct {
 	nodePorts  *Chain // WEFT-NODEPORTS
 	filterSvc  *Chain // WEFT-PROXY-SERVICES
 	hairpin    map[string]int
+	// cursor: the tracker's snapshot last rendered, whose Delta then names
+	// the ports to look at.
+	cursor model.Cursor
 }
 
 // NewRenderer returns a renderer for one family (4 or 6).
@@ -56,28 +59,17 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 	// Few changes keep the port list sorted in place; many (a first sync)
 	// re-sort it once at the end.
 	resort := len(r.ports) == 0 || len(st.Ports) > 2*len(r.ports)
-	for name, sp := range st.Ports {
-		eps := st.Endpoints[name]
-		old := r.ports[name]
-		if old != nil && old.sp == sp && sameEndpoints(old.eps, eps) {
-			continue
+	if names, all := r.cursor.Next(st); !all {
+		for name := range names {
+			r.port(name, st, u, resort)
 		}
-		o := renderPort(r.cfg, r.family, sp, eps)
-		if old != nil {
-			r.unlink(old, u)
+	} else {
+		for name := range st.Ports {
+			r.port(name, st, u, resort)
 		}
-		r.link(o, u)
-		r.ports[name] = o
-		if !resort {
-			r.place(old, o)
-		}
-	}
-	for name, old := range r.ports {
-		if _, ok := st.Ports[name]; !ok {
-			r.unlink(old, u)
-			delete(r.ports, name)
-			if !resort {
-				r.place(old, nil)
+		for name := range r.ports {
+			if _, ok := st.Ports[name]; !ok {
+				r.port(name, st, u, resort)
 			}
 		}
 	}
@@ -90,6 +82,32 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 	}
 	r.dispatch(u)
 	return r.ruleset(u)
+}
+
+// port renders the port name as st has it (or withdraws it) unless it is
+// what was rendered.
+func (r *Renderer) port(name model.ServicePortName, st model.State, u *update, resort bool) {
+	sp, eps := st.Ports[name], st.Endpoints[name]
+	old := r.ports[name]
+	if old != nil && old.sp == sp && sameEndpoints(old.eps, eps) {
+		return
+	}
+	var o *portOut
+	if sp != nil {
+		o = renderPort(r.cfg, r.family, sp, eps)
+	}
+	if old != nil {
+		r.unlink(old, u)
+	}
+	if o != nil {
+		r.link(o, u)
+		r.ports[name] = o
+	} else {
+		delete(r.ports, name)
+	}
+	if !resort && (old != nil || o != nil) {
+		r.place(old, o)
+	}
 }
 
 func sameEndpoints(a, b []model.Endpoint) bool {

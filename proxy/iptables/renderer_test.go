@@ -31,7 +31,7 @@ func TestRendererMatchesRender(t *testing.T) {
 	set := map[string]bool{}
 	check := func(step string) {
 		t.Helper()
-		st, _, _ := tr.Snapshot()
+		st, _ := tr.Snapshot()
 		rs := r.Update(st)
 		for _, e := range rs.HairpinRemoved {
 			if !set[e] {

@@ -90,4 +90,15 @@
 // with the previous snapshot: it reports exactly the ports that were added,
 // removed or changed, whatever the events were. Its State is always what
 // Build returns for the objects it holds, errors included.
+//
+// A snapshot costs what changed, not the size of the cluster: the tracker
+// keeps one State and edits its two maps in place (it never mutates a
+// ServicePort or an endpoint list: a changed one is replaced, an equal one
+// kept, so consumers tell unchanged ports by pointer), and the State's
+// Delta names the changed ports with what the previous snapshot had. A
+// State's maps are therefore valid until the next Snapshot. A consumer
+// that rendered the previous snapshot (a Cursor tells) looks at the
+// Delta's ports only; any other (a State built by hand, a snapshot
+// skipped, another tracker's) compares every port. Versions are numbered
+// across all trackers, so one tracker's Delta never passes for another's.
 package model

@@ -16,7 +16,8 @@ import "slices"
 //     list; External is Local with externalTrafficPolicy Local (for a port
 //     with external entry points), else the cluster list.
 //
-// Lists keep the order of eps. Select is pure; sp must not be nil.
+// Lists keep the order of eps and may share its array (read-only, as eps
+// is). Select is pure; sp must not be nil.
 func Select(sp *ServicePort, eps []Endpoint, node, zone string) Selected {
 	var s Selected
 	for _, e := range eps {
@@ -89,9 +90,23 @@ func topology(eps []Endpoint, node, zone string) func(Endpoint) bool {
 
 func contains(list []string, s string) bool { return slices.Contains(list, s) }
 
-// filter returns the endpoints keep accepts, in order; nil if none.
+// filter returns the endpoints keep accepts, in order; nil if none, and
+// eps itself (capacity cut, lists being read-only) if all: the common
+// case, which then allocates nothing.
 func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
-	var out []Endpoint
+	n := 0
+	for i := range eps {
+		if keep(eps[i]) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(eps):
+		return eps[:n:n]
+	}
+	out := make([]Endpoint, 0, n)
 	for _, e := range eps {
 		if keep(e) {
 			out = append(out, e)

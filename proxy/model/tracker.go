@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -15,16 +16,28 @@ import (
 // touched (with their slices) and compares the result with the previous
 // snapshot, so an event that changes nothing reports nothing. It is safe
 // for concurrent use.
+//
+// A snapshot costs O(what changed): the tracker keeps one State and edits
+// its maps in place (it never mutates a ServicePort or an endpoint list, it
+// replaces them), and hands out each change with what the previous snapshot
+// had (State.Delta). So a State's maps are valid until the next Snapshot,
+// which edits them; the ServicePorts and endpoint lists they point to stay
+// valid for good.
 type Tracker struct {
 	mu    sync.Mutex // guards x and dirty
 	x     *index
 	dirty map[key]struct{}
 
-	snap  sync.Mutex // serialises Snapshot; guards the fields below
-	state State
-	ports map[key]map[ServicePortName]bool // by Service key, in state
-	errs  map[key][]ObjectError            // by Service key, as built
+	snap    sync.Mutex // serialises Snapshot; guards the fields below
+	state   State
+	version uint64                           // of state; 0 before the first snapshot
+	ports   map[key]map[ServicePortName]bool // by Service key, in state
+	errs    map[key][]ObjectError            // by Service key, as built
 }
+
+// versions numbers snapshots across all trackers, so that a consumer fed
+// by two trackers never takes one's delta for the other's.
+var versions atomic.Uint64
 
 // NewTracker returns an empty Tracker.
 func NewTracker() *Tracker {
@@ -68,12 +81,12 @@ func (t *Tracker) OnEndpointSlice(old, new *discoveryv1.EndpointSlice) {
 }
 
 // Snapshot returns the current State, which equals Build over the objects
-// the Tracker holds; the service ports that changed since the previous
-// Snapshot (added, removed, or with a different ServicePort or endpoint
-// list); and every current ObjectError, in Build's order (the complete
-// set, not just the new ones). The State is shared with later snapshots
-// and must be treated as read-only.
-func (t *Tracker) Snapshot() (State, map[ServicePortName]bool, []ObjectError) {
+// the Tracker holds, with its Delta: the service ports that changed since
+// the previous Snapshot (added, removed, or with a different ServicePort
+// or endpoint list); and every current ObjectError, in Build's order (the
+// complete set, not just the new ones). The State is the tracker's: read
+// only, and its maps are valid until the next Snapshot.
+func (t *Tracker) Snapshot() (State, []ObjectError) {
 	t.snap.Lock()
 	defer t.snap.Unlock()
 
@@ -90,40 +103,56 @@ func (t *Tracker) Snapshot() (State, map[ServicePortName]bool, []ObjectError) {
 	clear(t.dirty)
 	t.mu.Unlock()
 
-	changed := map[ServicePortName]bool{}
-	if len(jobs) > 0 {
-		// Copy on write: the previous State stays valid for its holders.
-		st := State{Ports: maps.Clone(t.state.Ports), Endpoints: maps.Clone(t.state.Endpoints)}
-		for _, j := range jobs {
-			t.apply(st, j.k, buildGroup(j.k, j.svc, j.esl), changed)
-		}
-		t.state = st
+	// Each group builds from its own objects alone: a first Snapshot of a
+	// big cluster builds them on every CPU, then applies them in turn.
+	groups := make([]built, len(jobs))
+	Parallel(len(jobs), func(i int) { groups[i] = buildGroup(jobs[i].k, jobs[i].svc, jobs[i].esl) })
+	d := &Delta{From: t.version, Changed: map[ServicePortName]Prior{}}
+	for i, j := range jobs {
+		t.apply(j.k, groups[i], d.Changed)
 	}
-	return t.state, changed, t.allErrors()
+	if len(d.Changed) > 0 || t.version == 0 {
+		t.version = versions.Add(1)
+	}
+	d.To = t.version
+	t.state.Delta = d
+	return t.state, t.allErrors()
 }
 
-// apply replaces key k's ports in st by b's, recording what changed.
-func (t *Tracker) apply(st State, k key, b built, changed map[ServicePortName]bool) {
+// apply replaces key k's ports in the state by b's, recording what
+// changed with what it was.
+func (t *Tracker) apply(k key, b built, changed map[ServicePortName]Prior) {
+	st := t.state
 	if len(b.errs) > 0 {
 		t.errs[k] = b.errs
 	} else {
 		delete(t.errs, k)
 	}
+	was := func(name ServicePortName) {
+		if _, seen := changed[name]; !seen {
+			changed[name] = Prior{Port: st.Ports[name], Endpoints: st.Endpoints[name]}
+		}
+	}
 	now := make(map[ServicePortName]bool, len(b.ports))
 	for _, sp := range b.ports {
 		now[sp.Name] = true
 		eps := b.endpoints[sp.Name]
-		if old, ok := st.Ports[sp.Name]; !ok || !old.Equal(sp) || !EqualEndpoints(st.Endpoints[sp.Name], eps) {
-			changed[sp.Name] = true
+		// Equal objects stay: consumers find them unchanged by identity.
+		if old, ok := st.Ports[sp.Name]; ok && old.Equal(sp) {
+			if EqualEndpoints(st.Endpoints[sp.Name], eps) {
+				continue
+			}
+			sp = old
 		}
+		was(sp.Name)
 		st.Ports[sp.Name] = sp
 		st.Endpoints[sp.Name] = eps
 	}
 	for name := range t.ports[k] {
 		if !now[name] {
+			was(name)
 			delete(st.Ports, name)
 			delete(st.Endpoints, name)
-			changed[name] = true
 		}
 	}
 	if len(now) > 0 {

@@ -76,9 +76,58 @@ func (e Endpoint) String() string {
 }
 
 // State is the whole desired proxy state: what every backend renders.
+// Its maps, ServicePorts and endpoint lists are read-only for consumers.
 type State struct {
 	Ports     map[ServicePortName]*ServicePort
 	Endpoints map[ServicePortName][]Endpoint // deduplicated by IP:port, sorted
+	// Delta, set by Tracker.Snapshot, names the service ports that differ
+	// from the tracker's previous snapshot; nil in a State built or edited
+	// otherwise (whoever edits a snapshot's maps must drop it).
+	Delta *Delta
+}
+
+// Delta is what changed between two snapshots of one Tracker.
+type Delta struct {
+	// From is the version of the previous snapshot (0: the empty State,
+	// before any snapshot), To this snapshot's. Versions are unique across
+	// all trackers of the process.
+	From, To uint64
+	// Changed are the service ports added, removed or changed since From,
+	// each with what From had.
+	Changed map[ServicePortName]Prior
+}
+
+// Prior is a service port as an earlier snapshot had it: Port nil when it
+// had none.
+type Prior struct {
+	Port      *ServicePort
+	Endpoints []Endpoint
+}
+
+// Cursor is a consumer's place in a tracker's snapshots: the version of
+// the last State it consumed, or lost after a State without Delta. The zero
+// Cursor has consumed the empty State.
+type Cursor struct {
+	version uint64
+	lost    bool
+}
+
+// Next moves c to st and returns the names of the service ports that may
+// differ from the State c was at, or all: whether the consumer must
+// compare every port instead (st has no Delta, or does not follow the
+// State c was at: a snapshot skipped, another tracker, a State by hand).
+func (c *Cursor) Next(st State) (changed map[ServicePortName]Prior, all bool) {
+	d := st.Delta
+	follows := d != nil && !c.lost && d.From == c.version
+	if d == nil {
+		c.version, c.lost = 0, true
+		return nil, true
+	}
+	c.version, c.lost = d.To, false
+	if !follows {
+		return nil, true
+	}
+	return d.Changed, false
 }
 
 // Selected are the endpoints one node uses for one service port, with

@@ -5,14 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
 	"sigs.k8s.io/knftables"
 )
 
-// Applier keeps the table in line with rendered rulesets, one transaction
-// per Apply.
+// Applier keeps the table in line with rendered rulesets.
 //
 // nft 1.0.6 cannot add a rule that looks up a map already in the kernel
 // whose value concatenates "th dport" (it reads the map's typeof back and
@@ -23,12 +23,31 @@ import (
 // already has alone, and a partial one appends a new endpoint count's or
 // timeout's rules (to chains where order does not matter) and deletes
 // rules by handle. When the table cannot be rewritten in place, the full
-// apply recreates it, still in one transaction.
+// apply recreates it.
+//
+// Without an element writer (NewWith, knftables' fake in tests) an Apply is
+// one transaction. With one (New: nfnetlink, see netlink.go) an Apply is up
+// to three, each committed whole and each leaving a table that translates
+// every packet as either the old or the new ruleset would: (1) through
+// knftables, what the elements will need: new chains, sets and rules, and
+// the sourceRanges elements added; (2) the element batch: every change of
+// the plain sets and maps, the affinity entries purged, in one
+// transaction; (3) through knftables, what they no longer need: rules,
+// chains and sets deleted, sourceRanges elements removed. The common syncs
+// (endpoints and Services changing) are (2) alone.
 type Applier struct {
 	NFT knftables.Interface
+	// elements writes the elements of the plain sets and maps; nil: they
+	// go through NFT, in the one transaction.
+	elements elementWriter
 	// applied is what the last successful Apply left (nil: unknown, the
 	// next Apply is full).
 	applied *applied
+}
+
+// elementWriter commits element operations in one transaction.
+type elementWriter interface {
+	write(ops []elemOp) error
 }
 
 type applied struct {
@@ -46,6 +65,154 @@ type Stats struct {
 	Recreated bool
 }
 
+// txVerb is what a knftables operation of a plan does.
+type txVerb uint8
+
+const (
+	txAdd txVerb = iota
+	txFlush
+	txDelete
+)
+
+type txOp struct {
+	verb txVerb
+	obj  knftables.Object
+}
+
+// plan is one Apply's operations in the order they may be committed: pre
+// adds what the elements need, elems are the element writes, post removes
+// what the elements no longer need (see Applier).
+type plan struct {
+	// split: elements are written apart from pre and post, so the
+	// elements of sets only nft writes (sourceRanges' interval set) are
+	// added in pre and removed in post.
+	split      bool
+	pre, post  []txOp
+	elems      []elemOp
+	refillPost []elemOp // post's flush and refill of nft-only sets, after its other operations
+}
+
+func (p *plan) add(ops *[]txOp, verb txVerb, obj knftables.Object) {
+	*ops = append(*ops, txOp{verb, obj})
+}
+
+// change queues one element added or deleted.
+func (p *plan) change(op elemOp) {
+	if !p.split || !op.set.nftOnly {
+		p.elems = append(p.elems, op)
+		return
+	}
+	if op.verb == elemAdd {
+		p.add(&p.pre, txAdd, elemObject(op))
+	} else {
+		p.add(&p.post, txDelete, elemObject(op))
+	}
+}
+
+// refill queues the replacement of every element of s by those of m
+// (sorted for nft, whose transactions tests read; the element writer takes
+// them in any order).
+func (p *plan) refill(s *Set, m map[packed]packedValue, st *Stats) {
+	var keys []packed
+	if !p.split || s.nftOnly {
+		keys = sortedKeysOf(s, m)
+	} else {
+		keys = slices.AppendSeq(make([]packed, 0, len(m)), maps.Keys(m))
+	}
+	if !p.split || !s.nftOnly {
+		p.elems = append(p.elems, elemOp{verb: elemFlush, set: s})
+		for _, k := range keys {
+			p.elems = append(p.elems, elemOp{verb: elemAdd, set: s, key: k, value: m[k]})
+			st.ElementAdds++
+		}
+		return
+	}
+	// Made before broken: the wanted elements first, the exact set after.
+	p.refillPost = append(p.refillPost, elemOp{verb: elemFlush, set: s})
+	for _, k := range keys {
+		op := elemOp{verb: elemAdd, set: s, key: k, value: m[k]}
+		p.add(&p.pre, txAdd, elemObject(op))
+		p.refillPost = append(p.refillPost, op)
+		st.ElementAdds++
+	}
+}
+
+// elemObject is op's element for knftables, its parts as nft prints them.
+func elemObject(op elemOp) knftables.Object {
+	s := op.set
+	switch {
+	case op.verb == elemFlush:
+		return s.object()
+	case s.Value == "":
+		return &knftables.Element{Set: s.Name, Key: s.keyParts(op.key)}
+	case op.verb == elemDelete:
+		return &knftables.Element{Map: s.Name, Key: s.keyParts(op.key)}
+	}
+	return &knftables.Element{Map: s.Name, Key: s.keyParts(op.key), Value: s.valueParts(op.value)}
+}
+
+func fill(tx *knftables.Transaction, ops []txOp) {
+	for _, o := range ops {
+		switch o.verb {
+		case txAdd:
+			tx.Add(o.obj)
+		case txFlush:
+			tx.Flush(o.obj)
+		case txDelete:
+			tx.Delete(o.obj)
+		}
+	}
+}
+
+func fillElements(tx *knftables.Transaction, ops []elemOp) {
+	for _, op := range ops {
+		switch op.verb {
+		case elemAdd:
+			tx.Add(elemObject(op))
+		case elemFlush:
+			tx.Flush(elemObject(op))
+		case elemDelete:
+			tx.Delete(elemObject(op))
+		}
+	}
+}
+
+// transaction adds every knftables operation of p to tx, in order.
+func (p *plan) transaction(tx *knftables.Transaction) {
+	fill(tx, p.pre)
+	fillElements(tx, p.elems)
+	fill(tx, p.post)
+	fillElements(tx, p.refillPost)
+}
+
+// run commits p: in one transaction without an element writer, else pre,
+// the element batch and post, each skipped when empty.
+func (a *Applier) run(ctx context.Context, p *plan) error {
+	if !p.split {
+		return a.commit(ctx, p)
+	}
+	if err := a.commit(ctx, &plan{pre: p.pre}); err != nil {
+		return fmt.Errorf("adding objects and rules: %w", err)
+	}
+	if err := a.elements.write(p.elems); err != nil {
+		return err
+	}
+	if err := a.commit(ctx, &plan{post: p.post, refillPost: p.refillPost}); err != nil {
+		return fmt.Errorf("deleting objects and rules: %w", err)
+	}
+	return nil
+}
+
+// commit runs p's knftables operations in one transaction, if it has any.
+func (a *Applier) commit(ctx context.Context, p *plan) error {
+	tx := a.NFT.NewTransaction()
+	p.transaction(tx)
+	if tx.NumOperations() == 0 {
+		return nil
+	}
+	return a.NFT.Run(ctx, tx)
+}
+
 // orderFree are the chains whose rules match disjoint packets, so that a
 // rule may be appended to them.
 func orderFree(chain string) bool {
@@ -57,35 +224,36 @@ func ruleID(rule string) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// Apply programs rs in one transaction: a full apply rewrites the elements
-// of every set (the client maps of affinity excepted) and any chain that
-// differs, and deletes what the table has that rs does not; a partial one
-// sends rs.Changes and the rules that changed. On failure the table is as
-// it was and the next Apply is full.
+// Apply programs rs: a full apply rewrites the elements of every set (the
+// client maps of affinity excepted) and any chain that differs, and
+// deletes what the table has that rs does not; a partial one sends
+// rs.Changes and the rules that changed. On failure the table is as the
+// last committed transaction left it and the next Apply is full.
 func (a *Applier) Apply(ctx context.Context, rs *Ruleset, full bool) (Stats, error) {
-	full = full || a.applied == nil
-	tx := a.NFT.NewTransaction()
+	full = full || a.applied == nil || rs.ChangesUnknown
+	p := &plan{split: a.elements != nil}
 	st := Stats{Full: full}
 	next := &applied{chains: map[string][]string{}, sets: map[string]Set{}}
 	var err error
 	if full {
-		err = a.full(ctx, tx, rs, &st, next)
+		err = a.full(ctx, p, rs, &st, next)
 	} else {
-		err = a.partial(ctx, tx, rs, &st, next)
+		err = a.partial(ctx, p, rs, &st, next)
 	}
 	if err == nil && (full || rs.AffinityStale) {
-		err = a.purgeAffinity(ctx, tx, rs, &st)
+		err = a.purgeAffinity(ctx, p, rs, &st)
 	}
-	if err == nil && tx.NumOperations() > 0 {
-		err = a.NFT.Run(ctx, tx)
+	if err == nil {
+		err = a.run(ctx, p)
 	}
 	if err != nil && full {
-		// Recreate the table, in one transaction still: only the affinity
-		// entries are lost.
-		tx, st = a.NFT.NewTransaction(), Stats{Full: true, Recreated: true}
+		// Recreate the table in one transaction, its elements included
+		// (through nft, slower but never a table with empty maps): only
+		// the affinity entries are lost.
+		p, st = &plan{}, Stats{Full: true, Recreated: true}
 		next = &applied{chains: map[string][]string{}, sets: map[string]Set{}}
-		fresh(tx, rs, &st, next)
-		if rerr := a.NFT.Run(ctx, tx); rerr != nil {
+		fresh(p, rs, &st, next)
+		if rerr := a.run(ctx, p); rerr != nil {
 			err = fmt.Errorf("%w; recreating table %s: %w", err, TableName, rerr)
 		} else {
 			err = nil
@@ -110,65 +278,60 @@ func chainObject(c *Chain) *knftables.Chain {
 	return ch
 }
 
-func addRule(tx *knftables.Transaction, chain, rule string, st *Stats) {
-	tx.Add(&knftables.Rule{Chain: chain, Rule: rule, Comment: knftables.PtrTo(ruleID(rule))})
+func (p *plan) addRule(chain, rule string, st *Stats) {
+	p.add(&p.pre, txAdd, &knftables.Rule{Chain: chain, Rule: rule, Comment: knftables.PtrTo(ruleID(rule))})
 	st.Rules++
 }
 
-func writeRules(tx *knftables.Transaction, c *Chain, st *Stats, next *applied) {
-	tx.Flush(&knftables.Chain{Name: c.Name})
+func (p *plan) writeRules(c *Chain, st *Stats, next *applied) {
+	p.add(&p.pre, txFlush, &knftables.Chain{Name: c.Name})
 	for _, r := range c.Rules {
-		addRule(tx, c.Name, r, st)
+		p.addRule(c.Name, r, st)
 	}
 	next.chains[c.Name] = c.Rules
 }
 
-func element(set string, key, value []string, isMap bool) *knftables.Element {
-	if isMap {
-		return &knftables.Element{Map: set, Key: key, Value: value}
-	}
-	return &knftables.Element{Set: set, Key: key}
-}
-
-// declare adds the table, the chains and the sets to tx.
-func declare(tx *knftables.Transaction, rs *Ruleset) {
-	tx.Add(&knftables.Table{})
+// declare adds the table, the chains and the sets to p.
+func (p *plan) declare(rs *Ruleset) {
+	p.add(&p.pre, txAdd, &knftables.Table{})
 	for _, c := range rs.Chains {
-		tx.Add(chainObject(c))
+		p.add(&p.pre, txAdd, chainObject(c))
 	}
-	for _, s := range rs.Sets {
-		tx.Add(s.object())
+	for i := range rs.Sets {
+		p.add(&p.pre, txAdd, rs.Sets[i].object())
 	}
 }
 
 // fillSets replaces the elements of every set but the client maps.
-func fillSets(tx *knftables.Transaction, rs *Ruleset, st *Stats) {
-	for _, s := range rs.Sets {
+func (p *plan) fillSets(rs *Ruleset, st *Stats) {
+	n := len(rs.Sets)
+	for _, m := range rs.elements {
+		n += len(m)
+	}
+	p.elems = slices.Grow(p.elems, n) // 220k at 10k Services: grown by appends, copied over and over
+	for i := range rs.Sets {
+		s := &rs.Sets[i]
 		if s.Timeout > 0 {
 			continue
 		}
-		tx.Flush(s.object())
-		for _, e := range sortedElements(rs.Elements[s.Name]) {
-			tx.Add(element(s.Name, e.Key, e.Value, s.Value != ""))
-			st.ElementAdds++
-		}
+		p.refill(s, rs.elements[s.Name], st)
 	}
 }
 
-// fresh recreates the table in tx.
-func fresh(tx *knftables.Transaction, rs *Ruleset, st *Stats, next *applied) {
-	tx.Add(&knftables.Table{})
-	tx.Delete(&knftables.Table{})
-	declare(tx, rs)
+// fresh recreates the table in p.
+func fresh(p *plan, rs *Ruleset, st *Stats, next *applied) {
+	p.add(&p.pre, txAdd, &knftables.Table{})
+	p.add(&p.pre, txDelete, &knftables.Table{})
+	p.declare(rs)
 	for _, c := range rs.Chains {
-		writeRules(tx, c, st, next)
+		p.writeRules(c, st, next)
 	}
-	fillSets(tx, rs, st)
+	p.fillSets(rs, st)
 }
 
-// full rewrites in tx what differs from rs: chains whose rules differ,
-// every set's elements; and deletes what rs does not have.
-func (a *Applier) full(ctx context.Context, tx *knftables.Transaction, rs *Ruleset, st *Stats, next *applied) error {
+// full plans what differs from rs: chains whose rules differ, every set's
+// elements; and deletes what rs does not have.
+func (a *Applier) full(ctx context.Context, p *plan, rs *Ruleset, st *Stats, next *applied) error {
 	existing := map[string]map[string]bool{}
 	for _, kind := range []string{"chain", "set", "map"} {
 		names, err := a.NFT.List(ctx, kind)
@@ -180,7 +343,7 @@ func (a *Applier) full(ctx context.Context, tx *knftables.Transaction, rs *Rules
 			existing[kind][n] = true
 		}
 	}
-	declare(tx, rs)
+	p.declare(rs)
 	wantChain := map[string]bool{}
 	for _, c := range rs.Chains {
 		wantChain[c.Name] = true
@@ -194,14 +357,14 @@ func (a *Applier) full(ctx context.Context, tx *knftables.Transaction, rs *Rules
 				continue
 			}
 		}
-		writeRules(tx, c, st, next)
+		p.writeRules(c, st, next)
 	}
 	for _, n := range sortedKeys(existing["chain"]) {
 		if !wantChain[n] {
-			tx.Flush(&knftables.Chain{Name: n})
+			p.add(&p.post, txFlush, &knftables.Chain{Name: n})
 		}
 	}
-	fillSets(tx, rs, st)
+	p.fillSets(rs, st)
 	wantSet := map[string]bool{}
 	for _, s := range rs.Sets {
 		wantSet[s.Name] = true
@@ -211,9 +374,9 @@ func (a *Applier) full(ctx context.Context, tx *knftables.Transaction, rs *Rules
 			if !wantSet[n] {
 				st.Objects++
 				if kind == "set" {
-					tx.Delete(&knftables.Set{Name: n})
+					p.add(&p.post, txDelete, &knftables.Set{Name: n})
 				} else {
-					tx.Delete(&knftables.Map{Name: n})
+					p.add(&p.post, txDelete, &knftables.Map{Name: n})
 				}
 			}
 		}
@@ -221,7 +384,7 @@ func (a *Applier) full(ctx context.Context, tx *knftables.Transaction, rs *Rules
 	for _, n := range sortedKeys(existing["chain"]) {
 		if !wantChain[n] {
 			st.Objects++
-			tx.Delete(&knftables.Chain{Name: n})
+			p.add(&p.post, txDelete, &knftables.Chain{Name: n})
 		}
 	}
 	return nil
@@ -258,14 +421,14 @@ func (a *Applier) kernelRules(ctx context.Context, c *Chain) ([]string, error) {
 	return out, nil
 }
 
-// partial sends in tx what changed since the last apply.
-func (a *Applier) partial(ctx context.Context, tx *knftables.Transaction, rs *Ruleset, st *Stats, next *applied) error {
-	isMap := map[string]bool{}
-	wantSet := map[string]bool{}
-	for _, s := range rs.Sets {
-		isMap[s.Name], wantSet[s.Name] = s.Value != "", true
+// partial plans what changed since the last apply.
+func (a *Applier) partial(ctx context.Context, p *plan, rs *Ruleset, st *Stats, next *applied) error {
+	byName := map[string]*Set{}
+	for i := range rs.Sets {
+		s := &rs.Sets[i]
+		byName[s.Name] = s
 		if _, ok := a.applied.sets[s.Name]; !ok {
-			tx.Add(s.object())
+			p.add(&p.pre, txAdd, s.object())
 			st.Objects++
 		}
 	}
@@ -275,54 +438,54 @@ func (a *Applier) partial(ctx context.Context, tx *knftables.Transaction, rs *Ru
 		prev, ok := a.applied.chains[c.Name]
 		switch {
 		case !ok:
-			tx.Add(chainObject(c))
+			p.add(&p.pre, txAdd, chainObject(c))
 			st.Objects++
-			writeRules(tx, c, st, next)
+			p.writeRules(c, st, next)
 		case slices.Equal(prev, c.Rules):
 			next.chains[c.Name] = prev
 		case orderFree(c.Name):
-			if err := a.patchRules(ctx, tx, c, prev, st, next); err != nil {
+			if err := a.patchRules(ctx, p, c, prev, st, next); err != nil {
 				return err
 			}
 		default:
-			writeRules(tx, c, st, next)
+			p.writeRules(c, st, next)
 		}
 	}
-	for _, c := range rs.Changes {
-		if c.Had && wantSet[c.Set] {
-			tx.Delete(element(c.Set, c.Key, nil, isMap[c.Set]))
+	for _, c := range rs.changes {
+		if s := byName[c.set]; c.had && s != nil {
+			p.change(elemOp{verb: elemDelete, set: s, key: c.key})
 			st.ElementDeletes++
 		}
 	}
-	for _, c := range rs.Changes {
-		if c.Has {
-			tx.Add(element(c.Set, c.Key, c.New, isMap[c.Set]))
+	for _, c := range rs.changes {
+		if c.has {
+			p.change(elemOp{verb: elemAdd, set: byName[c.set], key: c.key, value: c.new})
 			st.ElementAdds++
 		}
 	}
 	for _, n := range sortedKeys(a.applied.chains) {
 		if !wantChain[n] {
-			tx.Flush(&knftables.Chain{Name: n})
+			p.add(&p.post, txFlush, &knftables.Chain{Name: n})
 		}
 	}
 	for _, n := range sortedKeys(a.applied.sets) {
-		if !wantSet[n] {
+		if byName[n] == nil {
 			st.Objects++
-			tx.Delete(a.applied.sets[n].object())
+			p.add(&p.post, txDelete, a.applied.sets[n].object())
 		}
 	}
 	for _, n := range sortedKeys(a.applied.chains) {
 		if !wantChain[n] {
 			st.Objects++
-			tx.Delete(&knftables.Chain{Name: n})
+			p.add(&p.post, txDelete, &knftables.Chain{Name: n})
 		}
 	}
 	return nil
 }
 
-// patchRules deletes (by handle) the rules of an order-free chain that c no
-// longer has and appends the new ones.
-func (a *Applier) patchRules(ctx context.Context, tx *knftables.Transaction, c *Chain, prev []string, st *Stats, next *applied) error {
+// patchRules appends the rules of an order-free chain that prev lacks and
+// deletes (by handle, after the elements moved) those c no longer has.
+func (a *Applier) patchRules(ctx context.Context, p *plan, c *Chain, prev []string, st *Stats, next *applied) error {
 	want := map[string]bool{}
 	for _, r := range c.Rules {
 		want[r] = true
@@ -352,12 +515,12 @@ func (a *Applier) patchRules(ctx context.Context, tx *knftables.Transaction, c *
 		if !ok {
 			return fmt.Errorf("chain %s: rule %q is not in the kernel", c.Name, r)
 		}
-		tx.Delete(&knftables.Rule{Chain: c.Name, Handle: &h})
+		p.add(&p.post, txDelete, &knftables.Rule{Chain: c.Name, Handle: &h})
 		st.Rules++
 	}
 	for _, r := range c.Rules {
 		if !had[r] {
-			addRule(tx, c.Name, r, st)
+			p.addRule(c.Name, r, st)
 			kept = append(kept, r)
 		}
 	}
@@ -365,12 +528,14 @@ func (a *Applier) patchRules(ctx context.Context, tx *knftables.Transaction, c *
 	return nil
 }
 
-// purgeAffinity deletes, in tx, the affinity entries pointing to a backend
-// their frontend no longer has. An entry may expire between the listing and
-// the commit, and deleting a missing element fails the transaction: each
-// is re-added (a no-op while it exists) just before its deletion.
-func (a *Applier) purgeAffinity(ctx context.Context, tx *knftables.Transaction, rs *Ruleset, st *Stats) error {
-	for _, s := range rs.Sets {
+// purgeAffinity plans the deletion of the affinity entries pointing to a
+// backend their frontend no longer has, with the element changes. An entry
+// may expire between the listing and the commit, and deleting a missing
+// element fails the transaction: each is re-added (a no-op while it
+// exists) just before its deletion.
+func (a *Applier) purgeAffinity(ctx context.Context, p *plan, rs *Ruleset, st *Stats) error {
+	for i := range rs.Sets {
+		s := &rs.Sets[i]
 		if s.Timeout == 0 {
 			continue
 		}
@@ -382,23 +547,41 @@ func (a *Applier) purgeAffinity(ctx context.Context, tx *knftables.Transaction, 
 			return fmt.Errorf("listing map %s: %w", s.Name, err)
 		}
 		for _, e := range elems {
-			if rs.AffinityValid(s.Timeout, e.Key, e.Value) {
+			if rs.affinityValidParts(s, e.Key, e.Value) {
 				continue
 			}
-			tx.Add(&knftables.Element{Map: s.Name, Key: e.Key, Value: e.Value})
-			tx.Delete(&knftables.Element{Map: s.Name, Key: e.Key})
+			k, err := encode(nil, s.keyFields, e.Key)
+			if err != nil {
+				return fmt.Errorf("map %s: element %s: %w", s.Name, strings.Join(e.Key, " . "), err)
+			}
+			v, err := encode(nil, s.valueFields, e.Value)
+			if err != nil {
+				return fmt.Errorf("map %s: element %s: value %s: %w", s.Name, strings.Join(e.Key, " . "), strings.Join(e.Value, " . "), err)
+			}
+			p.change(elemOp{verb: elemAdd, set: s, key: toPacked(k), value: toValue(v)})
+			p.change(elemOp{verb: elemDelete, set: s, key: toPacked(k)})
 			st.AffinityPurged++
 		}
 	}
 	return nil
 }
 
-func sortedElements(m map[string]Element) []Element {
-	out := make([]Element, 0, len(m))
-	for _, k := range sortedKeys(m) {
-		out = append(out, m[k])
+// sortedKeysOf returns the keys of m in the order of their nft text.
+func sortedKeysOf(s *Set, m map[packed]packedValue) []packed {
+	type text struct {
+		k packed
+		s string
 	}
-	return out
+	out := make([]text, 0, len(m))
+	for k := range m {
+		out = append(out, text{k, s.keyString(k)})
+	}
+	slices.SortFunc(out, func(a, b text) int { return strings.Compare(a.s, b.s) })
+	keys := make([]packed, len(out))
+	for i, t := range out {
+		keys[i] = t.k
+	}
+	return keys
 }
 
 func sortedKeys[V any](m map[string]V) []string {

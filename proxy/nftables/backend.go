@@ -29,7 +29,9 @@ func New(cfg Config) (*Backend, error) {
 	if err := Check(context.Background(), nft, cfg); err != nil {
 		return nil, err
 	}
-	return NewWith(cfg, nft), nil
+	b := NewWith(cfg, nft)
+	b.applier.elements = netlinkElements{table: TableName}
+	return b, nil
 }
 
 // NewWith returns a backend on nft (a knftables.Fake in tests).
@@ -50,8 +52,10 @@ func (b *Backend) Dump(st model.State) (string, error) {
 // Check asks the kernel, without changing anything, whether it accepts
 // weft's table.
 func Check(ctx context.Context, nft knftables.Interface, cfg Config) error {
+	p := &plan{}
+	fresh(p, Render(cfg, model.State{}), &Stats{}, &applied{chains: map[string][]string{}})
 	tx := nft.NewTransaction()
-	fresh(tx, Render(cfg, model.State{}), &Stats{}, &applied{chains: map[string][]string{}})
+	p.transaction(tx)
 	if err := nft.Check(ctx, tx); err != nil {
 		return fmt.Errorf("nftables mode: the kernel refused table inet %s (it needs nf_tables with inet nat, fib, numgen, "+
 			"concatenated and dynamic sets; Linux 5.13 or later): %w", TableName, err)

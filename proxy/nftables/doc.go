@@ -40,7 +40,14 @@
 // chains, sets and elements out, with the element changes since the last
 // render. The Applier is thin: a partial sync sends those changes; a full
 // sync (the first, a periodic resync, and any sync after a failed one)
-// rewrites the chains and the elements of every set in one transaction,
-// keeping the affinity entries, and deletes what the table has that is no
-// longer wanted. Nothing outside the table is ever touched.
+// rewrites the chains and the elements of every set, keeping the affinity
+// entries, and deletes what the table has that is no longer wanted.
+// Nothing outside the table is ever touched.
+//
+// Chains, rules and set declarations go through knftables (nft); the
+// elements of the plain sets and maps go to the kernel as one nfnetlink
+// batch (netlink.go), because nft's user space, not the kernel, was the
+// cost of both a change and a large load. A sync that only writes elements
+// is that one batch; one that also adds or deletes objects commits them
+// before and after it, so that each commit leaves a consistent table.
 package nftables

@@ -1,13 +1,17 @@
 package nftables_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"sigs.k8s.io/knftables"
 
 	"github.com/weftnet/weft/proxy/nftables"
 	"github.com/weftnet/weft/proxy/proxytest"
@@ -138,5 +142,130 @@ func TestNewCountAndTimeoutInTheKernel(t *testing.T) {
 	}
 	if r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.0.10/"); err != nil || r.Pod != "a" {
 		t.Fatalf("web after the removal: %+v %v", r, err)
+	}
+}
+
+// kernelElements lists the elements of every plain set and map of the
+// table in the kernel ("key : value", sorted), in one nft --json listing.
+// The interval set and the dynamic client maps are left out (nft writes the
+// former; the packet path the latter).
+func kernelElements(t *testing.T) map[string][]string {
+	t.Helper()
+	var doc struct {
+		Nftables []map[string]struct {
+			Name string            `json:"name"`
+			Elem []json.RawMessage `json:"elem"`
+		} `json:"nftables"`
+	}
+	out, err := exec.Command("nft", "--json", "list", "table", "inet", nftables.TableName).Output() // stderr: nft's warnings
+	if err != nil {
+		t.Fatalf("listing the table: %v", err)
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	// part is one key or value: a concatenation, or a lone value.
+	part := func(raw json.RawMessage) string {
+		var c struct {
+			Concat []json.RawMessage `json:"concat"`
+		}
+		if json.Unmarshal(raw, &c) == nil && c.Concat != nil {
+			var ps []string
+			for _, p := range c.Concat {
+				ps = append(ps, strings.Trim(string(p), `"`))
+			}
+			return strings.Join(ps, " . ")
+		}
+		return strings.Trim(string(raw), `"`)
+	}
+	elems := map[string][]string{}
+	for _, o := range doc.Nftables {
+		for kind, obj := range o {
+			if (kind != "set" && kind != "map") || strings.HasPrefix(obj.Name, "firewall-allow") || strings.HasPrefix(obj.Name, "clients") {
+				continue
+			}
+			list := []string{}
+			for _, e := range obj.Elem {
+				var kv []json.RawMessage
+				if kind == "map" && json.Unmarshal(e, &kv) == nil && len(kv) == 2 {
+					list = append(list, part(kv[0])+" : "+part(kv[1]))
+				} else {
+					list = append(list, part(e)+" : ")
+				}
+			}
+			slices.Sort(list)
+			elems[obj.Name] = list
+		}
+	}
+	return elems
+}
+
+// fakeElements is kernelElements for knftables' fake.
+func fakeElements(t *testing.T, fake *knftables.Fake) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, kind := range []string{"set", "map"} {
+		names, err := fake.List(context.Background(), kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			if strings.HasPrefix(n, "firewall-allow") || strings.HasPrefix(n, "clients") {
+				continue
+			}
+			els, err := fake.ListElements(context.Background(), kind, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			list := []string{}
+			for _, e := range els {
+				list = append(list, strings.Join(e.Key, " . ")+" : "+strings.Join(e.Value, " . "))
+			}
+			slices.Sort(list)
+			out[n] = list
+		}
+	}
+	return out
+}
+
+// TestKernelElementsMatchTheRender: the elements the backend writes to the
+// kernel (over nfnetlink, not through nft) read back through nft as
+// exactly what knftables' fake holds for the same syncs: the first, and
+// the partial one after each change of the incremental tests (new and
+// removed endpoint counts and timeouts among them).
+func TestKernelElementsMatchTheRender(t *testing.T) {
+	s := newScripted(t)
+	fake := knftables.NewFake(knftables.InetFamily, nftables.TableName)
+	ref := nftables.NewWith(nodeConfig(), fake)
+	b, err := nftables.New(nodeConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Cleanup() })
+	check := func(step string) {
+		t.Helper()
+		st := s.state()
+		if err := ref.Sync(st, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Sync(st, false); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		want, got := fakeElements(t, fake), kernelElements(t)
+		for n := range want {
+			if !slices.Equal(want[n], got[n]) {
+				t.Errorf("%s: set %s in the kernel:\n%s\nwant:\n%s", step, n, strings.Join(got[n], "\n"), strings.Join(want[n], "\n"))
+			}
+		}
+		for n := range got {
+			if _, ok := want[n]; !ok {
+				t.Errorf("%s: the kernel has set %s, the render does not", step, n)
+			}
+		}
+	}
+	check("first sync")
+	for _, step := range steps(s) {
+		step.do()
+		check(step.name)
 	}
 }

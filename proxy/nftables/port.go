@@ -2,8 +2,7 @@ package nftables
 
 import (
 	"net/netip"
-	"strconv"
-	"strings"
+	"slices"
 
 	"github.com/weftnet/weft/proxy/model"
 )
@@ -17,25 +16,31 @@ type frontend struct {
 	port  uint16
 }
 
-func (f frontend) key() []string {
-	return []string{f.ip.String(), proto(f.proto), strconv.Itoa(int(f.port))}
+// appendTo appends the frontend's key parts: address, protocol, port.
+func (f frontend) appendTo(b []byte) []byte {
+	return appendPort(appendProto(appendAddr(b, f.ip), f.proto), f.port)
 }
 
-// elem is one element of a set or map: the set's name, the key's parts and,
-// for a map, the value's parts.
+// key is the frontend's key in the frontend sets.
+func (f frontend) key() packed {
+	var buf [44]byte
+	return toPacked(f.appendTo(buf[:0]))
+}
+
+// elem is one element of a set or map: the set's name, the key and, for a
+// map, the value.
 type elem struct {
-	set        string
-	key, value []string
+	set   string
+	key   packed
+	value packedValue
 }
-
-func (e elem) keyString() string { return strings.Join(e.key, " . ") }
 
 // frontendOut is what one service port wants for one of its frontends.
 type frontendOut struct {
 	elems []elem
 	// backends are the addresses (ip . port) the frontend's lists DNAT to:
-	// the affinity entries still valid for it.
-	backends map[string]bool
+	// the affinity entries still valid for it (kept only with affinity).
+	backends map[packedValue]bool
 	affinity int // ClientIP affinity seconds, 0 without
 }
 
@@ -48,12 +53,15 @@ type portOut struct {
 	order   []frontend
 	fes     map[frontend]*frontendOut
 	hairpin []elem
+	// spSeen and epsSeen: the Renderer's last Update that found this
+	// port's ServicePort, and its endpoint list, unchanged.
+	spSeen, epsSeen uint64
 }
 
 // renderPort renders one service port for every configured family.
 func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) *portOut {
 	o := &portOut{name: sp.Name, sp: sp, eps: all, fes: map[frontend]*frontendOut{}}
-	seenHairpin := map[string]bool{}
+	seenHairpin := map[netip.Addr]bool{}
 	for _, fam := range cfg.families() {
 		o.renderFamily(cfg, fam, all, seenHairpin)
 	}
@@ -67,33 +75,36 @@ func (o *portOut) frontend(fe frontend) *frontendOut {
 	if _, dup := o.fes[fe]; dup {
 		return nil
 	}
-	w := &frontendOut{backends: map[string]bool{}}
+	w := &frontendOut{}
 	o.fes[fe] = w
 	o.order = append(o.order, fe)
 	return w
 }
 
-func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHairpin map[string]bool) {
+func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHairpin map[netip.Addr]bool) {
 	sp := o.sp
-	var eps []model.Endpoint
-	for _, e := range all {
-		if familyOf(e.IP) == fam {
-			eps = append(eps, e)
-		}
+	eps := all
+	if slices.ContainsFunc(all, func(e model.Endpoint) bool { return familyOf(e.IP) != fam }) {
+		eps = slices.DeleteFunc(slices.Clone(all), func(e model.Endpoint) bool { return familyOf(e.IP) != fam })
 	}
 	sel := model.Select(sp, eps, cfg.NodeName, cfg.Zone)
 	list := func(w *frontendOut, fe frontend, cluster bool, l []model.Endpoint) {
+		set := lbMap(cluster, fam, len(l))
+		w.elems = slices.Grow(w.elems, len(l)+2) // the list, the verdict set and affinity
+		var buf [44]byte
 		for i, e := range l {
-			key := append(fe.key(), strconv.Itoa(i))
-			val := []string{e.IP.String(), strconv.Itoa(int(e.Port))}
-			w.elems = append(w.elems, elem{set: lbMap(cluster, fam, len(l)), key: key, value: val})
-			w.backends[strings.Join(val, " . ")] = true
-			if e.NodeName == "" || e.NodeName == cfg.NodeName {
-				k := e.IP.String()
-				if !seenHairpin[k] {
-					seenHairpin[k] = true
-					o.hairpin = append(o.hairpin, elem{set: name("hairpin", fam), key: []string{k, k}})
+			key := toPacked(appendInt(fe.appendTo(buf[:0]), uint32(i)))
+			val := toValue(appendPort(appendAddr(buf[:0], e.IP), e.Port))
+			w.elems = append(w.elems, elem{set: set, key: key, value: val})
+			if sp.AffinitySeconds > 0 { // only affinity entries are checked against backends
+				if w.backends == nil {
+					w.backends = map[packedValue]bool{}
 				}
+				w.backends[val] = true
+			}
+			if (e.NodeName == "" || e.NodeName == cfg.NodeName) && !seenHairpin[e.IP] {
+				seenHairpin[e.IP] = true
+				o.hairpin = append(o.hairpin, elem{set: name("hairpin", fam), key: toPacked(appendAddr(appendAddr(buf[:0], e.IP), e.IP))})
 			}
 		}
 	}
@@ -152,9 +163,10 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		}
 		if x.lb && restricted {
 			w.elems = append(w.elems, elem{set: name("firewall", fam), key: key})
+			var buf [44]byte
 			for _, src := range sp.SourceRanges {
 				if familyOf(src.Addr()) == fam {
-					w.elems = append(w.elems, elem{set: name("firewall-allow", fam), key: append(x.fe.key(), src.String())})
+					w.elems = append(w.elems, elem{set: name("firewall-allow", fam), key: toPacked(appendPrefix(x.fe.appendTo(buf[:0]), src))})
 				}
 			}
 		}

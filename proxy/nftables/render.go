@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"bytes"
 	"cmp"
 	"slices"
 	"strings"
@@ -20,25 +21,45 @@ func Render(cfg Config, st model.State) *Ruleset { return NewRenderer(cfg).Updat
 // Service's ClusterIP, a NodePort used twice): the port first by name owns
 // it, as a deterministic choice; the other's elements for it are left out.
 type Renderer struct {
-	cfg      Config
-	ports    map[model.ServicePortName]*portOut
+	cfg   Config
+	ports map[model.ServicePortName]*portOut
+	// bySP and byEps find a rendered port by its ServicePort and by the
+	// first element of its endpoint list: hashing a pointer is cheaper
+	// than hashing a name, and an Update checks every port.
+	bySP     map[*model.ServicePort]*portOut
+	byEps    map[*model.Endpoint]*portOut
+	epoch    uint64 // Updates so far; a port's spSeen and epsSeen say when it was last found unchanged
 	claims   map[frontend]map[*portOut]bool
 	winner   map[frontend]*portOut
-	hairpin  map[string]int // "set key" -> ports rendering it
-	elements map[string]map[string]Element
-	pending  map[string]map[string]*Change
-	counts   map[int]map[int]int // family -> endpoint count -> elements in its maps
-	timeouts map[int]map[int]int // family -> affinity seconds -> frontends
-	affinity map[string]*frontendOut
+	hairpin  map[setKey]int // -> ports rendering it
+	elements map[string]map[packed]packedValue
+	pending  map[string]map[packed]*change
+	counts   map[int]map[int]int     // family -> endpoint count -> elements in its maps
+	timeouts map[int]map[int]int     // family -> affinity seconds -> frontends
+	affinity map[packed]*frontendOut // by frontend key
 	stale    bool
+	// cursor: the tracker's snapshot last rendered, whose Delta then names
+	// the ports to look at.
+	cursor model.Cursor
+	// rendered: an Update happened. The first one records no changes (its
+	// ruleset is applied in full), which spares a large first render
+	// building and sorting a change per element.
+	rendered bool
 }
 
 // NewRenderer returns a renderer that has rendered nothing yet.
 func NewRenderer(cfg Config) *Renderer {
-	return &Renderer{cfg: cfg, ports: map[model.ServicePortName]*portOut{}, claims: map[frontend]map[*portOut]bool{},
-		winner: map[frontend]*portOut{}, hairpin: map[string]int{}, elements: map[string]map[string]Element{},
-		pending: map[string]map[string]*Change{}, counts: map[int]map[int]int{4: {}, 6: {}},
-		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[string]*frontendOut{}}
+	return &Renderer{cfg: cfg, ports: map[model.ServicePortName]*portOut{}, bySP: map[*model.ServicePort]*portOut{},
+		byEps: map[*model.Endpoint]*portOut{}, claims: map[frontend]map[*portOut]bool{},
+		winner: map[frontend]*portOut{}, hairpin: map[setKey]int{}, elements: map[string]map[packed]packedValue{},
+		pending: map[string]map[packed]*change{}, counts: map[int]map[int]int{4: {}, 6: {}},
+		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[packed]*frontendOut{}}
+}
+
+// setKey is an element's set and key.
+type setKey struct {
+	set string
+	key packed
 }
 
 func sameSlice[T any](a, b []T) bool { return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0]) }
@@ -46,24 +67,25 @@ func sameSlice[T any](a, b []T) bool { return len(a) == len(b) && (len(a) == 0 |
 // Update renders st.
 func (r *Renderer) Update(st model.State) *Ruleset {
 	dirty := map[frontend]bool{}
-	for n, sp := range st.Ports {
-		eps := st.Endpoints[n]
-		old := r.ports[n]
-		if old != nil && old.sp == sp && sameSlice(old.eps, eps) {
-			continue
+	changed, gone := r.diff(st)
+	for _, o := range gone {
+		r.unindex(o)
+		r.release(o, dirty)
+		delete(r.ports, o.name)
+	}
+	for _, n := range changed {
+		sp, eps, old := st.Ports[n], st.Endpoints[n], r.ports[n]
+		if sp == nil || old != nil && old.sp == sp && sameSlice(old.eps, eps) {
+			continue // endpoints without a port, or a name listed twice
 		}
 		if old != nil {
+			r.unindex(old)
 			r.release(old, dirty)
 		}
 		o := renderPort(r.cfg, sp, eps)
 		r.ports[n] = o
+		r.index(o)
 		r.claim(o, dirty)
-	}
-	for n, o := range r.ports {
-		if _, ok := st.Ports[n]; !ok {
-			r.release(o, dirty)
-			delete(r.ports, n)
-		}
 	}
 	for fe := range dirty {
 		r.resolve(fe)
@@ -79,10 +101,73 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 			timeouts[fam] = sortedInts(r.timeouts[fam], defaultAffinitySeconds)
 		}
 	}
-	rs := &Ruleset{Chains: chains(r.cfg, counts, timeouts), Sets: sets(r.cfg, counts, timeouts), Elements: r.elements,
-		Changes: r.changes(), AffinityStale: r.stale, affinityValid: r.affinityValid}
-	r.stale = false
+	rs := &Ruleset{Chains: chains(r.cfg, counts, timeouts), Sets: sets(r.cfg, counts, timeouts), elements: r.elements,
+		changes: r.changes(), ChangesUnknown: !r.rendered, AffinityStale: r.stale, affinityValid: r.affinityValid}
+	r.stale, r.rendered = false, true
 	return rs
+}
+
+// diff finds the names of the ports whose ServicePort or endpoint list is
+// not the one rendered (a name may be listed twice), and the rendered ports
+// st no longer has. When st follows the snapshot rendered last, its Delta
+// names them; otherwise every port is compared, hashing pointers, not
+// names, for the ports that did not change.
+func (r *Renderer) diff(st model.State) (changed []model.ServicePortName, gone []*portOut) {
+	if names, all := r.cursor.Next(st); !all {
+		for n := range names {
+			if _, ok := st.Ports[n]; ok {
+				changed = append(changed, n)
+			} else if o := r.ports[n]; o != nil {
+				gone = append(gone, o)
+			}
+		}
+		return changed, gone
+	}
+	r.epoch++
+	for n, sp := range st.Ports {
+		if o := r.bySP[sp]; o != nil && o.name == n {
+			o.spSeen = r.epoch
+		} else {
+			changed = append(changed, n)
+		}
+	}
+	for n, eps := range st.Endpoints {
+		if len(eps) == 0 {
+			continue
+		}
+		if o := r.byEps[&eps[0]]; o != nil && o.name == n && len(o.eps) == len(eps) {
+			o.epsSeen = r.epoch
+		} else {
+			changed = append(changed, n)
+		}
+	}
+	for n, o := range r.ports {
+		switch {
+		case o.spSeen != r.epoch: // changed (listed above) or gone
+			if _, ok := st.Ports[n]; !ok {
+				gone = append(gone, o)
+			}
+		case len(o.eps) > 0 && o.epsSeen != r.epoch:
+			changed = append(changed, n) // its endpoints are gone
+		}
+	}
+	return changed, gone
+}
+
+func (r *Renderer) index(o *portOut) {
+	r.bySP[o.sp] = o
+	if len(o.eps) > 0 {
+		r.byEps[&o.eps[0]] = o
+	}
+}
+
+func (r *Renderer) unindex(o *portOut) {
+	if r.bySP[o.sp] == o {
+		delete(r.bySP, o.sp)
+	}
+	if len(o.eps) > 0 && r.byEps[&o.eps[0]] == o {
+		delete(r.byEps, &o.eps[0])
+	}
 }
 
 func (r *Renderer) claim(o *portOut, dirty map[frontend]bool) {
@@ -94,7 +179,7 @@ func (r *Renderer) claim(o *portOut, dirty map[frontend]bool) {
 		dirty[fe] = true
 	}
 	for _, h := range o.hairpin {
-		k := h.set + " " + h.keyString()
+		k := setKey{h.set, h.key}
 		if r.hairpin[k]++; r.hairpin[k] == 1 {
 			r.put(h)
 		}
@@ -110,7 +195,7 @@ func (r *Renderer) release(o *portOut, dirty map[frontend]bool) {
 		dirty[fe] = true
 	}
 	for _, h := range o.hairpin {
-		k := h.set + " " + h.keyString()
+		k := setKey{h.set, h.key}
 		if r.hairpin[k]--; r.hairpin[k] == 0 {
 			delete(r.hairpin, k)
 			r.remove(h)
@@ -138,7 +223,7 @@ func (r *Renderer) resolve(fe frontend) {
 			r.remove(e)
 		}
 	}
-	key := strings.Join(fe.key(), " . ")
+	key := fe.key()
 	delete(r.affinity, key)
 	delete(r.winner, fe)
 	if owner != nil {
@@ -169,42 +254,37 @@ func compareNames(a, b model.ServicePortName) int {
 // affinityValid: an entry (client . frontend -> backend) of the client map
 // of timeout seconds may stay while the frontend has affinity with that
 // timeout and the backend is one of its endpoints.
-func (r *Renderer) affinityValid(seconds int, key, value []string) bool {
-	if len(key) != 4 {
-		return false
-	}
-	fo := r.affinity[strings.Join(key[1:], " . ")]
-	return fo != nil && fo.affinity == seconds && fo.backends[strings.Join(value, " . ")]
+func (r *Renderer) affinityValid(seconds int, fe packed, backend packedValue) bool {
+	fo := r.affinity[fe]
+	return fo != nil && fo.affinity == seconds && fo.backends[backend]
 }
 
 func (r *Renderer) put(e elem) {
 	m := r.elements[e.set]
 	if m == nil {
-		m = map[string]Element{}
+		m = map[packed]packedValue{}
 		r.elements[e.set] = m
 	}
-	ks := e.keyString()
-	old, had := m[ks]
-	m[ks] = Element{Key: e.key, Value: e.value}
+	old, had := m[e.key]
+	m[e.key] = e.value
 	if !had {
 		r.count(e.set, 1)
 	}
-	r.record(e.set, ks, e.key, old.Value, had, e.value, true)
+	r.record(e.set, e.key, old, had, e.value, true)
 }
 
 func (r *Renderer) remove(e elem) {
 	m := r.elements[e.set]
-	ks := e.keyString()
-	old, had := m[ks]
+	old, had := m[e.key]
 	if !had {
 		return
 	}
-	delete(m, ks)
+	delete(m, e.key)
 	if len(m) == 0 {
 		delete(r.elements, e.set)
 	}
 	r.count(e.set, -1)
-	r.record(e.set, ks, e.key, old.Value, true, nil, false)
+	r.record(e.set, e.key, old, true, packedValue{}, false)
 }
 
 // count keeps the number of elements of the maps of each endpoint count
@@ -237,35 +317,38 @@ func suffixInt(s, prefix string) (int, bool) {
 	return n, true
 }
 
-func (r *Renderer) record(set, ks string, key, old []string, had bool, now []string, has bool) {
+func (r *Renderer) record(set string, key packed, old packedValue, had bool, now packedValue, has bool) {
+	if !r.rendered {
+		return
+	}
 	m := r.pending[set]
 	if m == nil {
-		m = map[string]*Change{}
+		m = map[packed]*change{}
 		r.pending[set] = m
 	}
-	c := m[ks]
+	c := m[key]
 	if c == nil {
-		c = &Change{Set: set, Key: key, Old: old, Had: had}
-		m[ks] = c
+		c = &change{set: set, key: key, old: old, had: had}
+		m[key] = c
 	}
-	c.New, c.Has = now, has
+	c.new, c.has = now, has
 }
 
 // changes returns the pending changes that change something, sorted, and
 // forgets them.
-func (r *Renderer) changes() []Change {
-	var out []Change
+func (r *Renderer) changes() []change {
+	var out []change
 	for _, m := range r.pending {
 		for _, c := range m {
-			if c.Had == c.Has && (!c.Has || slices.Equal(c.Old, c.New)) {
+			if c.had == c.has && (!c.has || c.old == c.new) {
 				continue
 			}
 			out = append(out, *c)
 		}
 	}
 	clear(r.pending)
-	slices.SortFunc(out, func(a, b Change) int {
-		return cmp.Or(cmp.Compare(a.Set, b.Set), slices.Compare(a.Key, b.Key))
+	slices.SortFunc(out, func(a, b change) int {
+		return cmp.Or(cmp.Compare(a.set, b.set), bytes.Compare(a.key.bytes(), b.key.bytes()))
 	})
 	return out
 }

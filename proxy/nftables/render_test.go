@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -156,7 +157,7 @@ func newScripted(t *testing.T) *scripted {
 }
 
 func (s *scripted) state() model.State {
-	st, _, errs := s.tr.Snapshot()
+	st, errs := s.tr.Snapshot()
 	if len(errs) > 0 {
 		s.t.Fatal(errs)
 	}
@@ -327,4 +328,41 @@ func TestMissingNFT(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "needs the nft tool") {
 		t.Fatalf("got %v, want an error naming nft", err)
 	}
+}
+
+// TestUpdateSeesEveryChange: the renderer finds unchanged ports by the
+// identity of their ServicePort and endpoint list; a State whose maps keep
+// a port's ServicePort but drop or replace its endpoint list (as any
+// producer of States may) is rendered as from scratch.
+func TestUpdateSeesEveryChange(t *testing.T) {
+	svcs, sl := goldenScenario()
+	st := build(t, svcs, sl)
+	fake := knftables.NewFake(knftables.InetFamily, nftables.TableName)
+	b := nftables.NewWith(nodeConfig(), fake)
+	if err := b.Sync(st, false); err != nil {
+		t.Fatal(err)
+	}
+	var web model.ServicePortName
+	for n := range st.Ports {
+		if n.Name == "web" && len(st.Endpoints[n]) > 1 {
+			web = n
+		}
+	}
+	if web.Name == "" {
+		t.Fatal("the scenario has no web port with endpoints")
+	}
+	next := func(what string, edit func(eps map[model.ServicePortName][]model.Endpoint)) {
+		t.Helper()
+		st = model.State{Ports: maps.Clone(st.Ports), Endpoints: maps.Clone(st.Endpoints)}
+		edit(st.Endpoints)
+		if err := b.Sync(st, false); err != nil {
+			t.Fatal(err)
+		}
+		sameTable(t, what, dump(t, st), fake.Dump())
+	}
+	old := st.Endpoints[web]
+	next("the endpoint list replaced by a shorter one", func(eps map[model.ServicePortName][]model.Endpoint) { eps[web] = slices.Clone(old[1:]) })
+	next("the endpoint list cut to a prefix of itself", func(eps map[model.ServicePortName][]model.Endpoint) { eps[web] = eps[web][:1] })
+	next("the endpoint list dropped", func(eps map[model.ServicePortName][]model.Endpoint) { delete(eps, web) })
+	next("the endpoint list back", func(eps map[model.ServicePortName][]model.Endpoint) { eps[web] = old })
 }

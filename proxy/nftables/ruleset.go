@@ -130,6 +130,12 @@ type Set struct {
 	// Timeout is set on the dynamic client maps of ClientIP affinity:
 	// written by the packet path, their elements are not weft's to rewrite.
 	Timeout int
+	// keyFields and valueFields lay the key and value out (elem.go) for
+	// the family; nftOnly: nft writes the elements (the interval set), not
+	// the element writer (netlink.go).
+	keyFields, valueFields []field
+	family                 int
+	nftOnly                bool
 }
 
 func (s Set) object() knftables.Object {
@@ -143,40 +149,56 @@ func (s Set) object() knftables.Object {
 	return &knftables.Map{Name: s.Name, TypeOf: s.Key + " : " + s.Value, Flags: s.Flags, Size: size}
 }
 
-// Element is one desired element of a set or map.
-type Element struct {
-	Key, Value []string
-}
-
-// Change is one element to delete (Old set), add (New set) or rewrite.
-type Change struct {
-	Set      string
-	Key      []string
-	Old, New []string // values; nil for set elements
-	Had, Has bool
+// change is one element to delete (had), add (has) or rewrite.
+type change struct {
+	set      string
+	key      packed
+	old, new packedValue
+	had, has bool
 }
 
 // Ruleset is the desired content of the table.
 type Ruleset struct {
 	Chains []*Chain // in a stable order
 	Sets   []Set    // in a stable order
-	// Elements are every set's desired elements by set and key string. It
-	// belongs to the Renderer and is valid until it renders again.
-	Elements map[string]map[string]Element
-	// Changes are the element changes since the Renderer's previous
-	// ruleset (every element, for the first).
-	Changes []Change
+	// elements are every set's desired elements (key to value) by set
+	// name. It belongs to the Renderer and is valid until it renders
+	// again.
+	elements map[string]map[packed]packedValue
+	// changes are the element changes since the Renderer's previous
+	// ruleset.
+	changes []change
+	// ChangesUnknown is set on a Renderer's first ruleset, which has no
+	// previous one: it has no changes, and applying it is a full sync.
+	ChangesUnknown bool
 	// AffinityStale is set when a frontend lost a backend or its affinity
 	// since the previous ruleset: affinity entries may point where they
 	// must no longer go.
 	AffinityStale bool
-	affinityValid func(seconds int, key, value []string) bool
+	affinityValid func(seconds int, frontend packed, backend packedValue) bool
 }
 
-// AffinityValid reports whether an entry of the client map of a timeout,
-// key (client . frontend) and value (endpoint), may stay.
-func (rs *Ruleset) AffinityValid(seconds int, key, value []string) bool {
-	return rs.affinityValid(seconds, key, value)
+// affinityValidParts reports whether an entry of the client map s, with
+// key (client . frontend) and value (endpoint) as nft prints them, may
+// stay.
+func (rs *Ruleset) affinityValidParts(s *Set, key, value []string) bool {
+	k, err := encode(nil, s.keyFields, key)
+	if err != nil {
+		return false
+	}
+	v, err := encode(nil, s.valueFields, value)
+	if err != nil {
+		return false
+	}
+	return rs.affinityValid(s.Timeout, toPacked(k[len(k)-feLen(s.family):]), toValue(v))
+}
+
+// feLen is the length of a packed frontend key of family fam.
+func feLen(fam int) int {
+	if fam == 6 {
+		return 16 + 8
+	}
+	return 4 + 8
 }
 
 // familyWords are a family's nft words.
@@ -201,23 +223,29 @@ func sets(cfg Config, counts map[int][]int, timeouts map[int][]int) []Set {
 		w := words(fam)
 		fe := w.ip + " daddr . meta l4proto . th dport"
 		dest := w.ip + " daddr . th dport"
+		feFields := []field{fieldAddr, fieldProto, fieldPort}
+		destFields := []field{fieldAddr, fieldPort}
+		feSet := func(name string) Set { return Set{Name: name, Key: fe, keyFields: feFields, family: fam} }
 		for _, base := range []string{"clusterip", "external", "external-local", "firewall", "reject", "drop"} {
-			out = append(out, Set{Name: name(base, fam), Key: fe})
+			out = append(out, feSet(name(base, fam)))
 		}
 		out = append(out,
-			Set{Name: name("firewall-allow", fam), Key: fe + " . " + w.ip + " saddr", Flags: []knftables.SetFlag{knftables.IntervalFlag}},
-			Set{Name: name("hairpin", fam), Key: w.ip + " saddr . " + w.ip + " daddr"})
+			Set{Name: name("firewall-allow", fam), Key: fe + " . " + w.ip + " saddr", Flags: []knftables.SetFlag{knftables.IntervalFlag},
+				keyFields: append(slices.Clone(feFields), fieldPrefix), family: fam, nftOnly: true},
+			Set{Name: name("hairpin", fam), Key: w.ip + " saddr . " + w.ip + " daddr", keyFields: []field{fieldAddr, fieldAddr}, family: fam})
 		if hashedAffinity(fam) {
-			out = append(out, Set{Name: name("affinity", fam), Key: fe})
+			out = append(out, feSet(name("affinity", fam)))
 		}
 		for _, t := range timeouts[fam] {
-			out = append(out, Set{Name: affinitySet(fam, t), Key: fe},
+			out = append(out, feSet(affinitySet(fam, t)),
 				Set{Name: clientsMap(fam, t), Key: w.ip + " saddr . " + fe, Value: dest, Size: affinityEntries, Timeout: t,
-					Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}})
+					Flags:     []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+					keyFields: append([]field{fieldAddr}, feFields...), valueFields: destFields, family: fam})
 		}
 		for _, n := range counts[fam] {
 			for _, cluster := range []bool{false, true} {
-				out = append(out, Set{Name: lbMap(cluster, fam, n), Key: fe + " . numgen random mod " + strconv.Itoa(n), Value: dest})
+				out = append(out, Set{Name: lbMap(cluster, fam, n), Key: fe + " . numgen random mod " + strconv.Itoa(n), Value: dest,
+					keyFields: append(slices.Clone(feFields), fieldInt), valueFields: destFields, family: fam})
 			}
 		}
 	}

@@ -11,5 +11,6 @@
 // the backend, the feature and the reason, never silently.
 //
 // The package also holds the scenario's address plan and object builders,
-// which backend-specific tests reuse.
+// which backend-specific tests reuse, and the backends' benchmark cluster
+// (BenchObjects, fed to a tracker as the proxier's informers feed it).
 package proxytest

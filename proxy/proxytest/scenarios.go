@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -315,7 +317,8 @@ func runProxier(t *testing.T, n *Node) *proxy.Proxier {
 }
 
 // udpBackendReplaced: a UDP client that keeps its connected socket reaches
-// the new backend once the old one is removed.
+// the new backend once the old one is removed; with a backend that
+// terminates such sockets, the socket fails and a new one reaches it.
 func udpBackendReplaced(t *testing.T, b Backend) {
 	b.Need(t, UDPSocketMove)
 	n := NewNode(t, b, "a", "b", "c")
@@ -327,27 +330,49 @@ func udpBackendReplaced(t *testing.T, b Backend) {
 	p.OnService(nil, svc)
 	p.OnEndpointSlice(nil, old)
 	p.OnSynced()
+	// A socket-level backend translates at connect time: dial once the
+	// Service is programmed.
+	testutil.Eventually(t, 10*time.Second, "the first sync", p.Healthy)
 
 	var conn net.Conn
-	if err := netnsutil.Do(n.Pods["c"].NS, func() (err error) { conn, err = net.Dial("udp", "10.96.0.53:81"); return err }); err != nil {
-		t.Fatal(err)
+	dial := func() {
+		t.Helper()
+		if err := netnsutil.Do(n.Pods["c"].NS, func() (err error) { conn, err = net.Dial("udp", "10.96.0.53:81"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		c := conn
+		t.Cleanup(func() { c.Close() })
 	}
-	defer conn.Close()
-	ask := func() string {
+	dial()
+	// ask returns who answered, or the socket's error.
+	ask := func() (string, error) {
 		_ = conn.SetDeadline(time.Now().Add(200 * time.Millisecond))
 		if _, err := conn.Write([]byte("ping")); err != nil {
-			return ""
+			return "", err
 		}
 		buf := make([]byte, 512)
 		k, err := conn.Read(buf)
 		if err != nil {
-			return ""
+			return "", err
 		}
-		return strings.Fields(string(buf[:k]))[0]
+		return strings.Fields(string(buf[:k]))[0], nil
 	}
-	testutil.Eventually(t, 10*time.Second, "the first UDP answer from a", func() bool { return ask() == "a" })
+	answeredBy := func(pod string) func() bool {
+		return func() bool { who, _ := ask(); return who == pod }
+	}
+	testutil.Eventually(t, 10*time.Second, "the first UDP answer from a", answeredBy("a"))
 	p.OnEndpointSlice(old, UDPSlice("dns", n.Pods["b"].IP.String()))
-	testutil.Eventually(t, 10*time.Second, "the same UDP socket answered by b", func() bool { return ask() == "b" })
+	if !b.TerminatesUDP {
+		testutil.Eventually(t, 10*time.Second, "the same UDP socket answered by b", answeredBy("b"))
+		return
+	}
+	// a still runs: a socket left connected to it would go on being answered.
+	testutil.Eventually(t, 10*time.Second, "the connected UDP socket terminated", func() bool {
+		_, err := ask()
+		return errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EDESTADDRREQ)
+	})
+	dial()
+	testutil.Eventually(t, 10*time.Second, "a new UDP socket answered by b", answeredBy("b"))
 }
 
 // healthCheckNodePort: 200 with the local endpoint count, 503 without.

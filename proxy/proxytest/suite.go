@@ -18,8 +18,9 @@ const (
 	ExternalTraffic Feature = "NodePort, externalIPs and LoadBalancer IPs reached from outside the node"
 	// Affinity is ClientIP session affinity.
 	Affinity Feature = "ClientIP session affinity"
-	// UDPSocketMove is a connected UDP socket reaching a new backend once
-	// its old one is removed.
+	// UDPSocketMove is a connected UDP socket leaving a backend once it is
+	// removed (moved to a new backend, or terminated: see
+	// Backend.TerminatesUDP).
 	UDPSocketMove Feature = "connected UDP sockets moved off a removed backend"
 )
 
@@ -40,6 +41,14 @@ type Backend struct {
 	// sockets are not outside sockets (the eBPF backend translates every
 	// socket of the test's cgroup: it runs the client elsewhere).
 	Outside func(ns, src, url string) (workload.Reply, error)
+	// TerminatesUDP: the backend terminates a connected UDP socket whose
+	// backend was removed, rather than moving it to a new backend (the
+	// eBPF backend connects the socket to the backend itself; the NAT
+	// backends flush conntrack and the next datagram is balanced again).
+	// The client's socket then fails (ECONNABORTED on receive,
+	// EDESTADDRREQ on send) and a new socket reaches a new backend, as for
+	// a resolver that reopens its socket on an error.
+	TerminatesUDP bool
 }
 
 // Need skips the calling scenario when b does not support f, naming the

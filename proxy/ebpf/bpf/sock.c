@@ -7,9 +7,7 @@
 // the Service address where the application can see it (recvmsg for UDP
 // replies, getpeername).
 //
-// Maps (services and backends: see lb.h):
-//   revnat: (socket cookie, backend address, port) -> Service address and
-//     port, for recvmsg and getpeername.
+// Maps (services and backends: see lb.h; revnat: see revnat.h):
 //   affinity: (network namespace cookie, frontend id) -> backend id and
 //     last use, for ClientIP session affinity (a pod has one namespace).
 //   affinity_members: (frontend id, backend id) for the active backends of
@@ -17,23 +15,10 @@
 //     frontend's list is not used, even while other frontends keep it.
 
 #include "lb.h"
+#include "revnat.h"
 
 #define ECONNREFUSED 111
 #define ETIMEDOUT 110
-
-struct revnat_key {
-	__u64 cookie;
-	__u32 addr[4];
-	__u16 port;
-	__u16 pad;
-	__u32 pad2;
-};
-
-struct revnat_value {
-	__u32 addr[4];
-	__u16 port;
-	__u16 pad;
-};
 
 struct affinity_key {
 	__u64 netns_cookie;
@@ -51,14 +36,6 @@ struct affinity_member {
 	__u32 svc_id;
 	__u32 backend_id;
 };
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct revnat_key);
-	__type(value, struct revnat_value);
-	__uint(max_entries, 1 << 16);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weft_revnat SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

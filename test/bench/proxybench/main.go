@@ -1,6 +1,6 @@
-// Command proxybench measures weft-proxy (iptables mode, and nftables mode
-// as weft-nftables) against upstream kube-proxy in iptables and in nftables
-// mode, in one run, on the same API
+// Command proxybench measures weft-proxy (iptables mode, nftables mode as
+// weft-nftables, eBPF mode as weft-ebpf) against upstream kube-proxy in
+// iptables and in nftables mode, in one run, on the same API
 // server state: a lab control plane (etcd, kube-apiserver,
 // controller-manager) seeded with N selector-less ClusterIP Services, each
 // with a hand-made EndpointSlice of -endpoints ready endpoints. Each proxy
@@ -17,11 +17,17 @@
 //     sync (histogram _sum/_count deltas), and its own network programming
 //     latency, from the trigger time the bench stamps on the slice as the
 //     EndpointSlice controller would;
-//   - peak memory: VmHWM of the proxy process after the changes.
+//   - peak memory: VmHWM of the proxy process after the changes;
+//   - with -conn, the data path: the TCP connection rate from a pod to a
+//     ClusterIP against the same pod dialled directly (conn.go).
 //
 // Usage:
 //
-//	go run ./test/bench/proxybench [-services 1000,5000] [-endpoints 10] [-timeout 400s]
+//	go run ./test/bench/proxybench [-services 1000,5000] [-endpoints 10] [-timeout 400s] [-proxies ...] [-conn] [-baseline NAME@LABEL=DIR,...]
+//
+// -baseline NAME@LABEL=DIR,... measures the weft proxy NAME again with
+// DIR/weft-proxy (another build, e.g. the commit before a change) on the
+// same state, in the same run, reported as NAME@LABEL.
 //
 // Run as root from the repository root, after `make build kube`. Everything
 // happens in a private network and mount namespace (netnsutil.Isolate).
@@ -49,11 +55,20 @@ import (
 )
 
 func main() {
+	switch spec := os.Getenv(connEnv); spec {
+	case "":
+	case "server":
+		os.Exit(connServerMain())
+	default:
+		os.Exit(connClientMain(spec))
+	}
 	sizes := flag.String("services", "1000,5000", "comma-separated numbers of Services to measure at (cumulative)")
 	perSvc := flag.Int("endpoints", 10, "ready endpoints per Service")
 	timeout := flag.Duration("timeout", 400*time.Second, "cap on each measurement (from scratch, and each change)")
-	proxies := flag.String("proxies", "weft,weft-nftables,kp-iptables,kp-nftables", "which proxies to measure")
+	proxies := flag.String("proxies", "weft,weft-nftables,weft-ebpf,kp-iptables,kp-nftables", "which proxies to measure")
+	conn := flag.Bool("conn", false, "also measure the TCP connection rate from a pod to a ClusterIP and to the pod directly")
 	bin := flag.String("bin", "bin", "directory with weft-proxy, kube-proxy, kube-apiserver, kube-controller-manager, weftctl, weft-agent")
+	baseline := flag.String("baseline", "", "other builds of weft-proxy, comma-separated NAME@LABEL=DIR: the weft proxy NAME (one of -proxies) is measured with DIR/weft-proxy too, as NAME@LABEL, in the same run")
 	flag.Parse()
 
 	benchlab.Main("proxybench", func(ctx context.Context) error {
@@ -76,11 +91,27 @@ func main() {
 				subs = append(subs, s)
 			}
 		}
-		return run(ctx, binDir, ns, subs, *perSvc, *timeout)
+		if *baseline != "" {
+			for _, b := range strings.Split(*baseline, ",") {
+				name, dir, ok := strings.Cut(b, "=")
+				of, _, labelled := strings.Cut(name, "@")
+				i := slices.IndexFunc(subs, func(s subject) bool { return s.name == of })
+				if !ok || !labelled || i < 0 || !strings.HasPrefix(of, "weft") {
+					return fmt.Errorf("-baseline: %q is not NAME@LABEL=DIR with NAME a weft proxy of -proxies", b)
+				}
+				dir, err := filepath.Abs(dir)
+				if err != nil {
+					return err
+				}
+				subs = slices.Insert(subs, i+1, withBinary(subs[i], name, filepath.Join(dir, "weft-proxy")))
+				columns = slices.Insert(columns, slices.Index(columns, of)+1, name)
+			}
+		}
+		return run(ctx, binDir, ns, subs, *perSvc, *timeout, *conn)
 	})
 }
 
-func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc int, timeout time.Duration) error {
+func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc int, timeout time.Duration, conn bool) error {
 	logDir, err := os.MkdirTemp("", "proxybench-logs")
 	if err != nil {
 		return err
@@ -101,7 +132,23 @@ func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc
 		return err
 	}
 	printMethod(perSvc)
+	if conn {
+		printConnMethod()
+	}
 	e := &env{client: client, bin: binDir, kc: kc, logDir: logDir, timeout: timeout}
+	defer func() {
+		if e.ebpf != nil {
+			e.ebpf.close()
+		}
+	}()
+	if conn {
+		if err := e.ensureEBPFEnv(); err != nil {
+			return err
+		}
+		if e.connVIP, err = seedConnTarget(ctx, client); err != nil {
+			return err
+		}
+	}
 	seeded := 0
 	for _, size := range sizes {
 		t := time.Now()
@@ -147,4 +194,16 @@ func seededBefore(sizes []int, size int) int {
 		}
 	}
 	return prev
+}
+
+// withBinary is s run from the weft-proxy binary prog, named name.
+func withBinary(s subject, name, prog string) subject {
+	b := s
+	b.name = name
+	b.args = func(bin, kc string) []string {
+		args := s.args(bin, kc)
+		args[0] = prog
+		return args
+	}
+	return b
 }

@@ -30,6 +30,9 @@ type subject struct {
 	name string
 	args func(bin, kubeconfig string) []string
 	dump []string // prints the proxy's ruleset inside its namespace
+	// ebpf: the proxy runs in the bench's bpffs and cgroup (ebpfEnv),
+	// its ruleset is the pinned maps read back.
+	ebpf bool
 }
 
 func subjects() []subject {
@@ -45,14 +48,19 @@ func subjects() []subject {
 			return []string{filepath.Join(bin, "weft-proxy"), "--kubeconfig", kc, "--mode", "iptables",
 				"--node-name", nodeName, "--node-ip", nodeIP, "--cluster-cidr", lab.ClusterCIDR,
 				"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}
-		}, []string{"iptables-save", "-t", "nat"}},
+		}, []string{"iptables-save", "-t", "nat"}, false},
 		{"weft-nftables", func(bin, kc string) []string {
 			return []string{filepath.Join(bin, "weft-proxy"), "--kubeconfig", kc, "--mode", "nftables",
 				"--node-name", nodeName, "--node-ip", nodeIP, "--cluster-cidr", lab.ClusterCIDR,
 				"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}
-		}, []string{"nft", "list", "table", "inet", "weft"}},
-		{"kp-iptables", kp("iptables"), []string{"iptables-save", "-t", "nat"}},
-		{"kp-nftables", kp("nftables"), []string{"nft", "list", "table", "ip", "kube-proxy"}},
+		}, []string{"nft", "list", "table", "inet", "weft"}, false},
+		{name: "weft-ebpf", args: func(bin, kc string) []string {
+			return []string{filepath.Join(bin, "weft-proxy"), "--kubeconfig", kc, "--mode", "ebpf",
+				"--node-name", nodeName, "--node-ip", nodeIP, "--cluster-cidr", lab.ClusterCIDR, "--bpf-devices", "eth0",
+				"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}
+		}, ebpf: true},
+		{"kp-iptables", kp("iptables"), []string{"iptables-save", "-t", "nat"}, false},
+		{"kp-nftables", kp("nftables"), []string{"nft", "list", "table", "ip", "kube-proxy"}, false},
 	}
 }
 
@@ -115,6 +123,7 @@ type result struct {
 	syncDur   []time.Duration // the proxy's own duration of that sync
 	program   []time.Duration // the proxy's own network programming latency of that change
 	hwm       int64
+	conn      *connResult // -conn
 	err       error
 }
 
@@ -123,8 +132,10 @@ type env struct {
 	bin, kc   string
 	logDir    string
 	timeout   time.Duration
-	boxes     int // boxes made so far
-	changeSeq int // 10.244.255.x addresses used so far
+	ebpf      *ebpfEnv // made by the first weft-ebpf measurement, or for -conn
+	connVIP   string   // -conn: conn-target's ClusterIP
+	boxes     int      // boxes made so far
+	changeSeq int      // 10.244.255.x addresses used so far
 }
 
 // measure runs one proxy alone in a fresh namespace against the current
@@ -136,7 +147,15 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		return result{err: err}
 	}
 	defer b.close()
-	p, err := b.start(filepath.Join(e.logDir, fmt.Sprintf("%s-%d.log", s.name, size)), s.args(e.bin, e.kc))
+	args := s.args(e.bin, e.kc)
+	if s.ebpf {
+		if args, err = e.ebpfArgs(args); err != nil {
+			return result{err: err}
+		}
+		// Its programs stay attached to the cgroup until the pins go.
+		defer func() { _ = e.ebpf.reset() }()
+	}
+	p, err := b.start(filepath.Join(e.logDir, fmt.Sprintf("%s-%d.log", s.name, size)), args)
 	if err != nil {
 		return result{err: err}
 	}
@@ -176,7 +195,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 	r.scratch = first.Sub(p.start)
 	want := size * perSvc
 	for {
-		out, err := b.output(s.dump...)
+		out, err := e.ruleset(b, s)
 		if err == nil && countEndpoints(out) == want && hasIP(out, svc0) {
 			if r.late {
 				r.scratch = time.Since(p.start)
@@ -193,6 +212,12 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		}
 	}
 
+	// -conn: the data path, before the changes.
+	if e.connVIP != "" {
+		c := e.connRates(ctx, b)
+		r.conn = &c
+	}
+
 	// 2. One change at a time, each on another service.
 	for i := 0; i < changes; i++ {
 		c, err := e.oneChange(ctx, b, p, m, s, (i*size)/changes+i)
@@ -206,6 +231,36 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		}
 	}
 	return r
+}
+
+// ruleset is what s programmed: its dump command's output inside b, or
+// for weft-ebpf the pinned maps.
+func (e *env) ruleset(b *box, s subject) (string, error) {
+	if s.ebpf {
+		return e.ebpf.dump()
+	}
+	return b.output(s.dump...)
+}
+
+// ebpfArgs makes the bench's bpffs and cgroup on first use, empties the
+// pin path (each run is from scratch) and points the proxy at them.
+func (e *env) ebpfArgs(args []string) ([]string, error) {
+	if err := e.ensureEBPFEnv(); err != nil {
+		return nil, err
+	}
+	if err := e.ebpf.reset(); err != nil {
+		return nil, fmt.Errorf("removing the previous run's pins: %w", err)
+	}
+	return append(args, "--cgroup-root", e.ebpf.cgroup, "--bpf-pin-path", e.ebpf.pin()), nil
+}
+
+func (e *env) ensureEBPFEnv() error {
+	if e.ebpf != nil {
+		return nil
+	}
+	env, err := newEBPFEnv()
+	e.ebpf = env
+	return err
 }
 
 // changed is what one change measured: from the API write until a sync
@@ -226,9 +281,23 @@ func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subj
 	}
 	e.changeSeq++
 	ip := fmt.Sprintf("10.244.%d.%d", changedIPOctet, e.changeSeq%250+1)
+	var vip string
+	if s.ebpf {
+		if vip, err = clusterIP(ctx, e.client, idx); err != nil {
+			return changed{}, err
+		}
+	}
 	var t0 time.Time
 	if err := changeOne(ctx, e.client, idx, ip, func() { t0 = time.Now() }); err != nil {
 		return changed{}, err
+	}
+	// weft-ebpf: the time until the maps hold the new backend, polled
+	// every millisecond; /metrics then gives the proxy's own durations.
+	var inMap time.Duration
+	if s.ebpf {
+		if inMap, err = e.ebpf.await(ctx, vip, ip, t0, e.timeout); err != nil {
+			return changed{}, err
+		}
 	}
 	seen := before.count
 	for {
@@ -242,8 +311,11 @@ func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subj
 		st, err := m.get(ctx)
 		if err == nil && st.count > seen {
 			at := time.Since(t0)
+			if s.ebpf {
+				at = inMap
+			}
 			seen = st.count
-			out, err := b.output(s.dump...)
+			out, err := e.ruleset(b, s)
 			if err != nil {
 				return changed{}, err
 			}

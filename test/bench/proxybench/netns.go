@@ -27,6 +27,7 @@ import (
 type box struct {
 	name, path string
 	ip         netip.Addr
+	pods       []string // namespaces of the box's pods (-conn)
 }
 
 // newBox creates namespace number idx with 172.18.0.(50+idx)/24 on eth0 and
@@ -85,8 +86,13 @@ func (b *box) attach(veth string) error {
 	})
 }
 
-// close deletes the namespace; its veth pair goes with it.
-func (b *box) close() { _ = netnsutil.Delete(b.name) }
+// close deletes the namespace and its pods'; their veth pairs go with them.
+func (b *box) close() {
+	for _, p := range b.pods {
+		_ = netnsutil.Delete(p)
+	}
+	_ = netnsutil.Delete(b.name)
+}
 
 // output runs a command inside the box and returns its stdout.
 func (b *box) output(args ...string) (string, error) {

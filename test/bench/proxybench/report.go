@@ -33,6 +33,10 @@ const (
 	rowChangeSync
 	rowProgramming
 	rowMemory
+	rowConnVIP    // -conn: connections per second to the ClusterIP
+	rowConnDirect // ... to the server pod directly
+	rowConnRatio  // ClusterIP / direct
+	rowConnCPU    // ClusterIP / direct, per CPU time of the client
 	nRows
 )
 
@@ -52,6 +56,12 @@ func rows(r result, timeout time.Duration) [nRows]metric {
 			m[row] = metric{v: d.Seconds(), ok: true}
 		}
 	}
+	if c := r.conn; c != nil && c.err == nil {
+		m[rowConnVIP] = metric{v: c.vip, ok: true}
+		m[rowConnDirect] = metric{v: c.direct, ok: true}
+		m[rowConnRatio] = metric{v: c.ratio, ok: true}
+		m[rowConnCPU] = metric{v: c.cpuRatio, ok: true}
+	}
 	if r.hwm > 0 {
 		// At the cap the proxy was still in its first sync: a lower bound.
 		m[rowMemory] = metric{v: float64(r.hwm), ok: true, capped: r.timedOut}
@@ -67,6 +77,10 @@ func (m metric) format(row int) string {
 	switch {
 	case row == rowMemory:
 		s = fmt.Sprintf("%.1f MiB", m.v/(1<<20))
+	case row == rowConnVIP || row == rowConnDirect:
+		s = fmt.Sprintf("%.0f/s", m.v)
+	case row == rowConnRatio || row == rowConnCPU:
+		s = fmt.Sprintf("%.3f", m.v)
 	case m.v >= 10:
 		s = fmt.Sprintf("%.0fs", m.v)
 	case m.v >= 1:
@@ -101,9 +115,10 @@ func ratio(w, k metric) string {
 
 // columns are the proxies in report order; ratios the pairs compared.
 var (
-	columns = []string{"weft", "weft-nftables", "kp-iptables", "kp-nftables"}
+	columns = []string{"weft", "weft-nftables", "weft-ebpf", "kp-iptables", "kp-nftables"}
 	ratios  = []struct{ label, a, b string }{
 		{"weft/ipt", "weft", "kp-iptables"}, {"weft/nft", "weft", "kp-nftables"}, {"wnft/nft", "weft-nftables", "kp-nftables"},
+		{"webpf/ipt", "weft-ebpf", "kp-iptables"}, {"webpf/nft", "weft-ebpf", "kp-nftables"},
 	}
 )
 
@@ -113,26 +128,32 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		m[n] = rows(res[n], timeout)
 	}
 	labels := [nRows]string{"from scratch", "  its first sync (own metric)", "one change, median of 5", "  its sync (own metric)",
-		"  its network programming", "peak RSS (VmHWM)"}
+		"  its network programming", "peak RSS (VmHWM)", "TCP connections to a ClusterIP", "  to the pod directly", "  ClusterIP / direct (paired)", "  the same per client CPU time"}
 	fmt.Printf("\n%d Services × %d endpoints (%d endpoints)\n", size, perSvc, size*perSvc)
 	fmt.Printf("%-30s", "")
 	for _, n := range columns {
-		fmt.Printf(" %13s", n)
+		fmt.Printf(" %14s", n)
 	}
 	for _, r := range ratios {
-		fmt.Printf(" %9s", r.label)
+		fmt.Printf(" %10s", r.label)
 	}
 	fmt.Println()
-	late, capped := false, false
+	late, capped, conn := false, false, false
+	for _, n := range columns {
+		conn = conn || res[n].conn != nil
+	}
 	for row, l := range labels {
+		if row >= rowConnVIP && !conn {
+			break
+		}
 		fmt.Printf("%-30s", l)
 		for _, n := range columns {
-			fmt.Printf(" %13s", m[n][row].format(row))
+			fmt.Printf(" %14s", m[n][row].format(row))
 			late = late || m[n][rowScratch].late
 			capped = capped || res[n].timedOut
 		}
 		for _, r := range ratios {
-			fmt.Printf(" %9s", ratio(m[r.a][row], m[r.b][row]))
+			fmt.Printf(" %10s", ratio(m[r.a][row], m[r.b][row]))
 		}
 		fmt.Println()
 	}
@@ -146,6 +167,9 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		if err := res[n].err; err != nil {
 			fmt.Printf("  %s: %v\n", n, err)
 		}
+		if c := res[n].conn; c != nil && c.err != nil {
+			fmt.Printf("  %s, connections: %v\n", n, c.err)
+		}
 	}
 	note := ""
 	if size != 10000 {
@@ -156,6 +180,17 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 	// kube-proxy's nftables mode (issue 12).
 	targets("weft", m["weft"], 0.050, 5, []string{"kp-iptables", "kp-nftables"}, 1, m)
 	targets("weft-nftables", m["weft-nftables"], 0.030, 3, []string{"kp-nftables"}, 0.5, m)
+	targets("weft-ebpf", m["weft-ebpf"], 0.020, 2, []string{"kp-nftables"}, 0.5, m) // issue 11
+	if conn {
+		verdict := func(c metric) string {
+			if !c.ok {
+				return "n/a"
+			}
+			return map[bool]string{true: "met", false: "MISSED"}[c.v >= 0.95]
+		}
+		fmt.Printf("  weft-ebpf: connections to a ClusterIP ≥ 0.95× direct: %s by the clock, %s per CPU time\n",
+			verdict(m["weft-ebpf"][rowConnRatio]), verdict(m["weft-ebpf"][rowConnCPU]))
+	}
 }
 
 // targets prints whether a proxy met its targets: one change and from
@@ -189,7 +224,9 @@ func printMethod(perSvc int) {
   Each proxy runs alone, one after the other, in a fresh network namespace on the
   lab's underlay, against the same API state (selector-less ClusterIP Services with
   one hand-made EndpointSlice of %d ready endpoints each). The lab node's own
-  weft-agent is paused (SIGSTOP) so it takes no CPU. Proxy flags are the defaults
+  weft-agent is paused (SIGSTOP) so it takes no CPU. weft-ebpf attaches its socket
+  programs to an empty cgroup the bench makes and its tc programs to the box's eth0,
+  pins on a bpffs the bench mounts (emptied before each run). Proxy flags are the defaults
   otherwise: weft --min-sync-period 100ms, kube-proxy --iptables-min-sync-period 1s
   (changes are written >= 1.5 s after the last sync, so it never holds one back);
   kube-proxy runs dual-stack (its IPv6 side has no Services); only the IPv4
@@ -197,7 +234,8 @@ func printMethod(perSvc int) {
   from scratch: exec until /metrics, polled every 100 ms, counts the first sync
     (kubeproxy_sync_proxy_rules_duration_seconds_count >= 1); then the ruleset
     dumped in the namespace (iptables-save -t nat / nft list table ip kube-proxy /
-    nft list table inet weft)
+    nft list table inet weft; weft-ebpf: its pinned maps, read back by the bench as
+    weft-proxy --dump reads them)
     must hold every endpoint as a DNAT target and service 0's ClusterIP, or the
     time of the first dump that does is taken (marked *, 500 ms polls).
     The sync count is used rather than the last-sync timestamp so that every
@@ -206,6 +244,8 @@ func printMethod(perSvc int) {
     API write until /metrics counts a sync after which the dumped ruleset holds
     the new IP (polls every 5 ms for 200 ms, 20 ms to 2 s, then 100 ms): an upper
     bound that includes the API server and watch delivery. Median of 5.
+    weft-ebpf: until the pinned maps, read by the bench every 1 ms, give the
+    Service's frontend the new backend (what its programs read).
   its sync: the proxy's own kubeproxy_sync_proxy_rules_duration_seconds
     (_sum/_count deltas).
   its network programming: the proxy's own kubeproxy_network_programming_duration_seconds
@@ -216,4 +256,22 @@ func printMethod(perSvc int) {
   peak RSS: VmHWM of the proxy process after the changes; the iptables-restore
     and nft processes it runs are not included.
 `, perSvc)
+}
+
+func printConnMethod() {
+	fmt.Printf(`  TCP connections (-conn), after the from-scratch check: in the proxy's namespace a
+    client pod and a server pod, each on a veth with a /32 route (the namespace
+    forwards between them, as a node between two of its pods), and a Service
+    %s whose one endpoint is the server (port %d). The client, a child process
+    in the client pod and in the bench's cgroup (weft-ebpf's socket programs are
+    attached there while it runs, nothing is for the others), runs socket, connect,
+    close with SO_LINGER 0 (a reset, no TIME_WAIT) in a loop, one connection at a
+    time, to the server's address directly and to the ClusterIP, alternately, %d
+    rounds of %v each; rates are medians over rounds, ClusterIP / direct is the
+    median of each ClusterIP round over the direct round just before it (both ran
+    under about the same load), by the clock and per CPU time of the client thread
+    (what a connection costs it, the handshake and the forwarding included: on
+    these veths they run in its softirq context; time descheduled costs nothing).
+    The server, a process in its pod, accepts and closes.
+`, connSvc, connPort, connRounds, connRound)
 }

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	weftebpf "github.com/weftnet/weft/proxy/ebpf"
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// ebpfEnv is where weft-proxy --mode ebpf runs in the bench: a bpffs and
+// the cgroup v2 hierarchy, mounted by the bench in its private mount
+// namespace (the proxy, a child, sees the same mounts; the namespace's own
+// /sys hides the host's cgroup mount), and an empty cgroup the bench made
+// there, so that the socket programs translate nobody's sockets.
+type ebpfEnv struct {
+	bpffs, cgroup2, cgroup string
+}
+
+// pin is the proxy's pin path; each run starts from an empty one.
+func (e *ebpfEnv) pin() string { return filepath.Join(e.bpffs, "weft") }
+
+// newEBPFEnv mounts the file systems and creates the cgroup.
+func newEBPFEnv() (*ebpfEnv, error) {
+	e := &ebpfEnv{}
+	var err error
+	if e.bpffs, err = mountTemp("bpf"); err != nil {
+		return nil, err
+	}
+	if e.cgroup2, err = mountTemp("cgroup2"); err != nil {
+		e.close()
+		return nil, err
+	}
+	e.cgroup = filepath.Join(e.cgroup2, fmt.Sprintf("weft-proxybench-%d", os.Getpid()))
+	if err := os.Mkdir(e.cgroup, 0o755); err != nil {
+		e.close()
+		return nil, fmt.Errorf("creating the bench cgroup: %w", err)
+	}
+	return e, nil
+}
+
+// mountTemp mounts a file system of type fs on a new temporary directory.
+func mountTemp(fs string) (string, error) {
+	dir, err := os.MkdirTemp("", "proxybench-"+fs)
+	if err != nil {
+		return "", err
+	}
+	if err := unix.Mount(fs, dir, fs, 0, ""); err != nil {
+		_ = os.Remove(dir)
+		return "", fmt.Errorf("mounting %s on %s: %w", fs, dir, err)
+	}
+	return dir, nil
+}
+
+// reset removes what an earlier run pinned: its maps, and its links,
+// whose programs detach with the last reference.
+func (e *ebpfEnv) reset() error { return os.RemoveAll(e.pin()) }
+
+// close removes the cgroup and unmounts the file systems (the pins go
+// with the bpffs).
+func (e *ebpfEnv) close() {
+	if e.cgroup != "" {
+		_ = os.Remove(e.cgroup)
+	}
+	for _, dir := range []string{e.cgroup2, e.bpffs} {
+		if dir != "" {
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+			_ = os.Remove(dir)
+		}
+	}
+}
+
+// dump reads the pinned maps as weft-proxy --dump prints them: one line
+// per frontend with its backends as address:port.
+func (e *ebpfEnv) dump() (string, error) {
+	var buf bytes.Buffer
+	err := weftebpf.Dump(e.pin(), &buf)
+	return buf.String(), err
+}
+
+// await polls the pinned maps every millisecond until the frontend
+// vip:80/TCP has the backend ip:endpointPort, and returns the time since
+// t0 at which it did.
+func (e *ebpfEnv) await(ctx context.Context, vip, ip string, t0 time.Time, timeout time.Duration) (time.Duration, error) {
+	r, err := weftebpf.OpenReader(e.pin())
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	a, err := netip.ParseAddr(vip)
+	if err != nil {
+		return 0, fmt.Errorf("ClusterIP %q: %w", vip, err)
+	}
+	fk := weftebpf.FrontendKey{Addr: a, Port: 80, Protocol: model.TCP}
+	want := netip.AddrPortFrom(netip.MustParseAddr(ip), endpointPort)
+	for {
+		bes, err := r.Backends(fk)
+		if err != nil {
+			return 0, err
+		}
+		if slices.Contains(bes, want) {
+			return time.Since(t0), nil
+		}
+		if time.Since(t0) > timeout {
+			return 0, fmt.Errorf("the maps do not hold %s for %s after %v", want, vip, timeout)
+		}
+		if err := sleep(ctx, time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+}
