@@ -30,7 +30,7 @@ func (s *session) syncRoutes(want []Route, links map[string]int) []error {
 	}
 	byDst := map[netip.Prefix][]netlink.Route{}
 	for _, k := range have {
-		dst := routeDst(k)
+		dst := nlutil.RouteDst(k)
 		byDst[dst] = append(byDst[dst], k)
 	}
 	var errs []error
@@ -148,21 +148,8 @@ func sameRoute(k, w netlink.Route) bool {
 		len(k.MultiPath) == 0 && k.Src == nil && k.Encap == nil && k.Via == nil
 }
 
-// routeDst is the kernel route's destination; a default route has none.
-func routeDst(r netlink.Route) netip.Prefix {
-	if r.Dst == nil {
-		if r.Family == unix.AF_INET6 {
-			return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-		}
-		return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-	}
-	a, _ := netip.AddrFromSlice(r.Dst.IP)
-	ones, _ := r.Dst.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), ones)
-}
-
 func describe(r netlink.Route) string {
-	s := fmt.Sprintf("route %s", routeDst(r))
+	s := fmt.Sprintf("route %s", nlutil.RouteDst(r))
 	if r.Gw != nil {
 		s += fmt.Sprintf(" via %s", r.Gw)
 	}
