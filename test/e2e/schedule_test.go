@@ -70,12 +70,12 @@ func scheduledDeployment(t *testing.T, c *cluster, clientNS string) {
 
 	c.waitEndpoints(t, "spread", int(replicas))
 	answeredOn := map[string]bool{}
-	for deadline := time.Now().Add(20 * time.Second); len(answeredOn) < len(nodes); {
-		if r, err := c.fetch(clientNS, "http://"+svc.Spec.ClusterIP+"/"); err == nil {
-			answeredOn[podNode[r.Pod]] = true
-		}
+	for deadline := time.Now().Add(30 * time.Second); len(answeredOn) < len(nodes); {
 		if time.Now().After(deadline) {
 			t.Fatalf("the Service answered only from pods on %v", answeredOn)
+		}
+		if r, err := c.fetch(clientNS, "http://"+svc.Spec.ClusterIP+"/"); err == nil {
+			answeredOn[podNode[r.Pod]] = true
 		}
 	}
 }
