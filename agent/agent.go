@@ -1,6 +1,6 @@
 // Package agent is weft-agent's node networking loop: from the Node objects
 // it computes the node's CNI configuration, masquerade rules and cross-node
-// routes (host-gw or VXLAN) and applies them, on every change and on a
+// routes (host-gw or VXLAN; BGP in bgp.go) and applies them, on every change and on a
 // periodic resync that repairs drift.
 package agent
 
@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -30,6 +31,7 @@ import (
 	"github.com/weftnet/weft/internal/fsutil"
 	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/routing"
+	"github.com/weftnet/weft/routing/bgp"
 )
 
 // Options configure the agent.
@@ -42,7 +44,10 @@ type Options struct {
 	Bridge       string
 	MTU          int // 0: derived from the underlay link and the routing mode
 	Resync       time.Duration
-	Log          *slog.Logger
+	// Dataplane is where the agent's own rules live: DataplaneIPTables
+	// (default) or DataplaneNFTables (see nftables.go).
+	Dataplane string
+	Log       *slog.Logger
 }
 
 // Agent programs one node.
@@ -162,6 +167,14 @@ func (a *Agent) sync(ctx context.Context) error {
 }
 
 func (a *Agent) syncRoutes(me routing.Node) error {
+	if a.opts.Routing == bgp.Mode {
+		// BGP installs the routes (agent/bgp.go); host-gw's and VXLAN's
+		// are left from an earlier mode, if any.
+		if err := a.routes.Cleanup(); err != nil {
+			return fmt.Errorf("removing host-gw/vxlan routes in bgp mode: %w", err)
+		}
+		return nil
+	}
 	all, err := a.nodes.List(labels.Everything())
 	if err != nil {
 		return err
@@ -186,26 +199,24 @@ func (a *Agent) syncRoutes(me routing.Node) error {
 }
 
 // mtu is the pods' MTU: the underlay link's minus the encapsulation.
-func (a *Agent) mtu(me routing.Node) (int, error) {
-	if a.opts.MTU > 0 {
-		return a.opts.MTU, nil
+func (a *Agent) mtu(me routing.Node) (int, error) { return podMTU(a.opts.MTU, a.opts.Routing, me) }
+
+// podMTU is the pods' MTU: fixed if set, else the underlay link's minus
+// the encapsulation of the routing mode.
+func podMTU(fixed int, mode routing.Mode, me routing.Node) (int, error) {
+	if fixed > 0 {
+		return fixed, nil
 	}
-	if len(me.InternalIPs) == 0 {
+	underlay, ok := underlayAddr(me)
+	if !ok {
 		return 0, fmt.Errorf("own node %s has no InternalIP", me.Name)
-	}
-	// The underlay is IPv4 when the node has an IPv4 address, as in routing.Compute.
-	underlay := me.InternalIPs[0]
-	for _, ip := range me.InternalIPs {
-		if ip.Is4() {
-			underlay = ip
-		}
 	}
 	link, err := linkWithAddr(underlay)
 	if err != nil {
 		return 0, err
 	}
 	mtu := link.Attrs().MTU
-	if a.opts.Routing == routing.ModeVXLAN {
+	if mode == routing.ModeVXLAN {
 		if underlay.Is4() {
 			mtu -= routing.OverheadIPv4
 		} else {
@@ -213,6 +224,21 @@ func (a *Agent) mtu(me routing.Node) (int, error) {
 		}
 	}
 	return mtu, nil
+}
+
+// underlayAddr is the node's address between nodes: IPv4 when the node
+// has an IPv4 InternalIP, as in routing.Compute.
+func underlayAddr(me routing.Node) (netip.Addr, bool) {
+	if len(me.InternalIPs) == 0 {
+		return netip.Addr{}, false
+	}
+	underlay := me.InternalIPs[0]
+	for _, ip := range me.InternalIPs {
+		if ip.Is4() {
+			underlay = ip
+		}
+	}
+	return underlay, true
 }
 
 func linkWithAddr(ip netip.Addr) (netlink.Link, error) {
@@ -234,7 +260,7 @@ func (a *Agent) writeCNIConfig(cidrs []netip.Prefix, mtu int) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(a.opts.CNIConfDir, "10-weft.conflist")
+	path := filepath.Join(a.opts.CNIConfDir, conflistName)
 	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
 		return nil
 	}
@@ -260,6 +286,9 @@ func (a *Agent) ensureMasquerade() error {
 	}
 	if len(v4) == 0 {
 		return nil
+	}
+	if a.opts.Dataplane == DataplaneNFTables {
+		return a.ensureMasqueradeNFT(v4)
 	}
 	payload := MasqueradeRules(v4)
 	cmd := exec.Command("iptables-restore", "--noflush", "-w", "5")
@@ -287,11 +316,33 @@ func (a *Agent) ensureMasquerade() error {
 	return nil
 }
 
-// Cleanup removes what the agent installed on the node.
+// conflistName is the CNI configuration file the agent writes.
+const conflistName = "10-weft.conflist"
+
+// Cleanup removes what the agent installed on the node: its routes and
+// rules, and, as an uninstall must, the CNI configuration it wrote, the
+// pods' bridge and the IPAM state (the node's pods lose their network).
 func (a *Agent) Cleanup() error {
 	var errs []error
 	if err := a.routes.Cleanup(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := (bgp.FIB{}).Cleanup(); err != nil {
+		errs = append(errs, fmt.Errorf("bgp routes: %w", err))
+	}
+	if err := os.Remove(filepath.Join(a.opts.CNIConfDir, conflistName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(a.opts.IPAMDataDir); err != nil {
+		errs = append(errs, err)
+	}
+	if l, err := netlink.LinkByName(a.opts.Bridge); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("deleting bridge %s: %w", a.opts.Bridge, err))
+		}
+	}
+	if a.opts.Dataplane == DataplaneNFTables {
+		return errors.Join(append(errs, a.cleanupMasqueradeNFT())...)
 	}
 	for _, j := range [][]string{{"nat", "POSTROUTING", "weft masquerade", "WEFT-POSTROUTING"}, {"filter", "FORWARD", "weft forward", "WEFT-FORWARD"}} {
 		_ = exec.Command("iptables", "-w", "5", "-t", j[0], "-D", j[1], "-m", "comment", "--comment", j[2], "-j", j[3]).Run()

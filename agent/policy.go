@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,12 +18,14 @@ import (
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/ipam"
 	"github.com/weftnet/weft/policy"
-	polipt "github.com/weftnet/weft/policy/iptables"
 )
 
 // PolicyOptions configure NetworkPolicy enforcement on one node.
 type PolicyOptions struct {
 	NodeName string
+	// Mode is the data plane: PolicyModeIPTables (default) or
+	// PolicyModeNFTables.
+	Mode     string
 	LogDrops bool
 	// MinSyncPeriod coalesces bursts of changes (default 100 ms).
 	MinSyncPeriod time.Duration
@@ -33,7 +33,8 @@ type PolicyOptions struct {
 	Resync time.Duration
 	// IPAMDataDir is the CNI plugin's allocation state: when set, traffic
 	// from a pod's bridge port must carry that pod's address (source
-	// check, see policy/iptables ChainSource), reconciled from it, and
+	// check, see policy/iptables ChainSource and policy/nftables
+	// ChainSource), reconciled from it, and
 	// new pods are default-deny until programmed (see policy_pending.go).
 	IPAMDataDir string
 	// Bridge is the pods' bridge (default cni.DefaultBridge).
@@ -47,16 +48,16 @@ type PolicyOptions struct {
 // PolicyController enforces NetworkPolicies for the pods of its node: it
 // keeps the Pods, Namespaces and NetworkPolicies it is fed (it is a
 // kube.PolicyHandler), compiles them (policy.Compile), renders the node's
-// part (policy/iptables) and applies it, after every burst of changes.
+// part (policy/iptables or policy/nftables) and applies it, after every
+// burst of changes.
 type PolicyController struct {
-	opts     PolicyOptions
-	applier  polipt.Applier // IPv4
-	applier6 polipt.Applier // IPv6, used once a local pod has an IPv6 address
-	v6       atomic.Bool
-	metrics  *policyMetrics
-	trigger  chan struct{}
-	synced   chan struct{}
-	once     sync.Once
+	opts    PolicyOptions
+	backend policyBackend
+	v6      atomic.Bool // the node has IPv6 pods
+	metrics *policyMetrics
+	trigger chan struct{}
+	synced  chan struct{}
+	once    sync.Once
 	// allocated is poked by saves of the CNI allocations: a new pod
 	// waits for the next sync, which skips the coalescing delay for it.
 	allocated chan struct{}
@@ -71,8 +72,9 @@ type PolicyController struct {
 }
 
 // NewPolicyController returns a controller; feed it with kube.WatchPolicies
-// and start Run.
-func NewPolicyController(o PolicyOptions) *PolicyController {
+// and start Run. The nftables mode checks nft and the kernel first; the
+// error names what is missing.
+func NewPolicyController(o PolicyOptions) (*PolicyController, error) {
 	if o.MinSyncPeriod == 0 {
 		o.MinSyncPeriod = 100 * time.Millisecond
 	}
@@ -85,12 +87,16 @@ func NewPolicyController(o PolicyOptions) *PolicyController {
 	if o.PendingTimeout == 0 {
 		o.PendingTimeout = DefaultPendingTimeout
 	}
-	c := &PolicyController{allocated: make(chan struct{}, 1), opts: o, applier: polipt.Applier{Runner: polipt.Exec{}}, applier6: polipt.Applier{Family: 6, Runner: polipt.Exec{Family: 6}},
+	backend, err := newPolicyBackend(o.Mode)
+	if err != nil {
+		return nil, err
+	}
+	c := &PolicyController{allocated: make(chan struct{}, 1), opts: o, backend: backend,
 		trigger: make(chan struct{}, 1), synced: make(chan struct{}),
 		pods: map[string]*corev1.Pod{}, nss: map[string]*corev1.Namespace{}, pols: map[string]*networkingv1.NetworkPolicy{},
 		rejected: map[string]string{}}
-	c.metrics = newPolicyMetrics(c.drops)
-	return c
+	c.metrics = newPolicyMetrics(c.backend.drops)
+	return c, nil
 }
 
 // Registry holds the policy metrics.
@@ -179,8 +185,7 @@ func (c *PolicyController) Run(ctx context.Context) {
 			return
 		case <-c.trigger:
 		case <-tick.C:
-			c.applier.ForceFull() // read the kernel back: repairs drift
-			c.applier6.ForceFull()
+			c.backend.forceFull()  // read the kernel back: repairs drift
 			c.pending.settled = "" // and the ready sets
 		}
 		select {
@@ -242,9 +247,9 @@ func (c *PolicyController) sync() error {
 	in, cov := c.input(allocs)
 	d := policy.Compile(in)
 	c.logRejected(d.Errors)
-	cfg := polipt.Config{NodeName: c.opts.NodeName, LogDrops: c.opts.LogDrops}
+	cfg := policyConfig{node: c.opts.NodeName, logDrops: c.opts.LogDrops, bridge: c.opts.Bridge}
 	if c.opts.IPAMDataDir != "" {
-		cfg.PodPorts, cfg.Sources, cfg.PodBridges = podPorts, podSources(allocs), []string{c.opts.Bridge}
+		cfg.sources = podSources(allocs)
 		for _, al := range allocs {
 			if slices.ContainsFunc(al.Addresses, netip.Addr.Is6) {
 				c.v6.Store(true)
@@ -254,20 +259,6 @@ func (c *PolicyController) sync() error {
 			c.v6.Store(true)
 		}
 	}
-	rs := polipt.Render(d, cfg)
-	unsettled := c.opts.IPAMDataDir != "" && fingerprint(allocs) != c.pending.settled
-	if unsettled && c.pending.setsMade[4] && (!c.v6.Load() || c.pending.setsMade[6]) {
-		// A new pod no policy selects needs no chain of its own: it may
-		// receive at once (what it sends waits for its source rule).
-		if err := c.markReady(unselected(cov, d), c.v6.Load(), seen); err != nil {
-			return fmt.Errorf("marking pods no policy selects ready: %w", err)
-		}
-	}
-	st, err := c.applier.Apply(rs)
-	if err != nil {
-		return err
-	}
-	c.pending.setsMade[4] = true
 	local := 0
 	for _, p := range d.Pods {
 		if p.Node == c.opts.NodeName {
@@ -277,17 +268,17 @@ func (c *PolicyController) sync() error {
 			}
 		}
 	}
-	if c.v6.Load() { // from the first local IPv6 pod on, for good (so it also cleans up)
-		cfg.Family = 6
-		rs6 := polipt.Render(d, cfg)
-		st6, err := c.applier6.Apply(rs6)
-		if err != nil {
-			return fmt.Errorf("ipv6: %w", err)
+	unsettled := c.opts.IPAMDataDir != "" && fingerprint(allocs) != c.pending.settled
+	if unsettled && c.backend.readyMade(c.v6.Load()) {
+		// A new pod no policy selects needs no chain of its own: it may
+		// receive at once (what it sends waits for its source rule).
+		if err := c.markReady(unselected(cov, d), c.v6.Load(), seen); err != nil {
+			return fmt.Errorf("marking pods no policy selects ready: %w", err)
 		}
-		c.pending.setsMade[6] = true
-		st.Sets, st.Chains = st.Sets+st6.Sets, st.Chains+st6.Chains
-		st.DeletedChains, st.DeletedSets = st.DeletedChains+st6.DeletedChains, st.DeletedSets+st6.DeletedSets
-		rs.Sets = append(rs.Sets, rs6.Sets...)
+	}
+	res, err := c.backend.apply(d, cfg, c.v6.Load())
+	if err != nil {
+		return err
 	}
 	if unsettled {
 		if err := c.markReady(cov, c.v6.Load(), seen); err != nil {
@@ -295,11 +286,10 @@ func (c *PolicyController) sync() error {
 		}
 	}
 	c.metrics.isolated.Set(float64(local))
-	c.metrics.sets.Set(float64(len(rs.Sets)))
+	c.metrics.sets.Set(float64(res.sets))
 	c.metrics.rejected.Set(float64(countPolicies(d.Errors)))
-	if st.Sets+st.Chains+st.DeletedChains+st.DeletedSets > 0 {
-		c.opts.Log.Info("network policy applied", "node", c.opts.NodeName, "isolatedPods", local,
-			"setsWritten", st.Sets, "chainsWritten", st.Chains, "chainsDeleted", st.DeletedChains, "setsDeleted", st.DeletedSets)
+	if len(res.changes) > 0 {
+		c.opts.Log.Info("network policy applied", append([]any{"node", c.opts.NodeName, "isolatedPods", local}, res.changes...)...)
 	}
 	return nil
 }
@@ -326,22 +316,5 @@ func countPolicies(errs []*policy.FieldError) int {
 	return len(seen)
 }
 
-// Cleanup removes the policy chains, jumps and sets from the node (both
-// families; ip6tables missing is no error when nothing was installed).
-func (c *PolicyController) Cleanup() error {
-	err := c.applier.Cleanup()
-	if _, lerr := exec.LookPath("ip6tables"); lerr == nil {
-		err = errors.Join(err, c.applier6.Cleanup())
-	}
-	return err
-}
-
-// drops sums the packets dropped by policy over both families.
-func (c *PolicyController) drops() (in, out uint64, err error) {
-	in, out, err = c.applier.Drops()
-	if err != nil || !c.v6.Load() {
-		return in, out, err
-	}
-	in6, out6, err := c.applier6.Drops()
-	return in + in6, out + out6, err
-}
+// Cleanup removes what the policy backend installed on the node.
+func (c *PolicyController) Cleanup() error { return c.backend.cleanup() }

@@ -14,7 +14,10 @@ import (
 // The compiler sees a new pod with its attachment's addresses as soon as
 // the attachment names it; an attachment is covered only by its own pod.
 func TestLocalPods(t *testing.T) {
-	c := NewPolicyController(PolicyOptions{NodeName: pendNode})
+	c, err := NewPolicyController(PolicyOptions{NodeName: pendNode})
+	if err != nil {
+		t.Fatal(err)
+	}
 	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }
 	withStatus := func(p *corev1.Pod, ips ...string) *corev1.Pod {
 		p.Status.Phase = corev1.PodRunning

@@ -12,12 +12,11 @@ import (
 
 	"github.com/weftnet/weft/ipam"
 	"github.com/weftnet/weft/policy"
-	"github.com/weftnet/weft/policy/readyset"
 )
 
-// New pods are default-deny until programmed (policy/iptables
-// ChainPending): the controller marks an attachment's addresses ready
-// (policy/readyset) once the chains covering its pod are applied. It ties
+// New pods are default-deny until programmed (policy/iptables and
+// policy/nftables ChainPending): the controller marks an attachment's
+// addresses ready (the backend's ready sets, see policy/readyset) once the chains covering its pod are applied. It ties
 // an attachment to its Pod by the pod the plugin recorded with the
 // allocation (CNI_ARGS), or by the addresses the API server reports; the
 // Pod object exists before its sandbox, so a new pod is programmed on the
@@ -36,8 +35,6 @@ type pendingState struct {
 	first   map[ipam.Key]time.Time // when each attachment not ready yet was first seen
 	fresh   map[ipam.Key]bool      // first seen after the first sync: their wait is measured
 	timer   *time.Timer            // pokes the loop at the next bound
-	// setsMade says, per family, that an apply has created the ready set.
-	setsMade [7]bool
 	// settled is the allocations' fingerprint when the last markReady
 	// left every attachment ready: while it holds, syncs skip markReady
 	// (the periodic resync clears it).
@@ -169,18 +166,9 @@ func (c *PolicyController) markReady(cov covered, v6 bool, seen time.Time) error
 		ps.first, ps.fresh = map[ipam.Key]time.Time{}, map[ipam.Key]bool{}
 	}
 	return store.View(func(st *ipam.State) error {
-		have, err := readyset.Members(readyset.Name4)
+		have, err := c.backend.readyMembers(v6)
 		if err != nil {
 			return err
-		}
-		if v6 {
-			have6, err := readyset.Members(readyset.Name6)
-			if err != nil {
-				return err
-			}
-			for a := range have6 {
-				have[a] = true
-			}
 		}
 		allocated := map[netip.Addr]bool{}
 		live := map[ipam.Key]bool{}
@@ -231,10 +219,10 @@ func (c *PolicyController) markReady(cov covered, v6 bool, seen time.Time) error
 				del = append(del, a)
 			}
 		}
-		if err := readyset.Add(add); err != nil {
+		if err := c.backend.readyAdd(add); err != nil {
 			return err
 		}
-		if err := readyset.Del(del); err != nil {
+		if err := c.backend.readyDel(del); err != nil {
 			return err
 		}
 		ps.started = true

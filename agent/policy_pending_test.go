@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -27,7 +29,6 @@ import (
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/internal/testutil"
 	nt "github.com/weftnet/weft/policy/netpoltest"
-	"github.com/weftnet/weft/policy/readyset"
 )
 
 // The pending bed's address plan: one node (the test's private namespace),
@@ -52,7 +53,7 @@ type pendBed struct {
 	seq  int
 }
 
-func newPendBed(t *testing.T) *pendBed {
+func newPendBed(t *testing.T, mode string) *pendBed {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("kernel test: skipped with -short")
@@ -74,8 +75,11 @@ func newPendBed(t *testing.T) *pendBed {
 		t.Fatal(err)
 	}
 	b := &pendBed{t: t, rt: cnitest.NewRuntime(bin, filepath.Join(dir, "cache")), list: list}
-	b.c = NewPolicyController(PolicyOptions{NodeName: pendNode, IPAMDataDir: dataDir, Bridge: pendBridge,
+	b.c, err = NewPolicyController(PolicyOptions{NodeName: pendNode, Mode: mode, IPAMDataDir: dataDir, Bridge: pendBridge,
 		MinSyncPeriod: 20 * time.Millisecond, PendingTimeout: pendTimeout, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() {
@@ -215,8 +219,8 @@ func (b *pendBed) add(path string, pod *corev1.Pod) (netip.Addr, netip.Addr) {
 func (b *pendBed) waitReady(addrs ...netip.Addr) {
 	b.t.Helper()
 	testutil.Eventually(b.t, 20*time.Second, fmt.Sprintf("%v marked programmed", addrs), func() bool {
+		m, err := b.c.backend.readyMembers(true)
 		for _, a := range addrs {
-			m, err := readyset.Members(readyset.SetName(a))
 			if err != nil || !m[a] {
 				return false
 			}
@@ -357,9 +361,41 @@ func histogram(t *testing.T, c *PolicyController, name string) *dto.Histogram {
 // although the API server reports its address only later; the peers it
 // admits reach it once it is programmed. Pods no policy selects become
 // reachable too, and an attachment no Pod names is released at the bound
-// and counted.
+// and counted. Both policy modes; the nftables one on a node without
+// iptables or ipset tools (PATH holds nft alone).
 func TestNewPodDefaultDeny(t *testing.T) {
-	b := newPendBed(t)
+	for _, mode := range []string{PolicyModeIPTables, PolicyModeNFTables} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == PolicyModeNFTables {
+				nftOnlyPath(t)
+			}
+			testNewPodDefaultDeny(t, mode)
+		})
+	}
+}
+
+// nftOnlyPath makes PATH hold the nft tool alone for the rest of the
+// test: what the code under test runs of iptables or ipset is not found.
+func nftOnlyPath(t *testing.T) {
+	t.Helper()
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Fatalf("nftables mode needs the nft tool: %v", err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(nft, filepath.Join(dir, "nft")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	for _, tool := range []string{"iptables", "ip6tables", "iptables-restore", "ipset"} {
+		if _, err := exec.LookPath(tool); err == nil {
+			t.Fatalf("%s still found", tool)
+		}
+	}
+}
+
+func testNewPodDefaultDeny(t *testing.T, mode string) {
+	b := newPendBed(t, mode)
 	allowed, denied := pendPod("x", "allowed", map[string]string{nt.PodLabel: "allowed"}), pendPod("y", "denied", map[string]string{nt.PodLabel: "denied"})
 	target := pendPod("x", "target", map[string]string{"app": "target"})
 	for _, p := range []*corev1.Pod{allowed, denied, target} {

@@ -11,16 +11,18 @@ import (
 
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/ipam"
-	polipt "github.com/weftnet/weft/policy/iptables"
 )
 
 // CNINetwork is the network name of the conflist the agent renders; the
 // plugin keeps its allocations under it.
 const CNINetwork = "weft"
 
-// podPorts is the iptables pattern of the pods' bridge ports (the host
-// side of their veths).
-const podPorts = cni.HostVethPrefix + "+"
+// podPortPrefix starts the names of the pods' bridge ports (the host side
+// of their veths); podPorts is their iptables pattern.
+const (
+	podPortPrefix = cni.HostVethPrefix
+	podPorts      = podPortPrefix + "+"
+)
 
 // podAllocations reads the CNI plugin's allocations on this node.
 func podAllocations(dataDir string) ([]ipam.Allocation, error) {
@@ -53,20 +55,26 @@ func allocationStore(dataDir string) (*ipam.DiskStore, error) {
 
 // podSources are the pod attachments' bridge ports and addresses, which
 // the policy rules hold the traffic from each port to.
-func podSources(allocs []ipam.Allocation) []polipt.Source {
-	out := make([]polipt.Source, 0, len(allocs))
+func podSources(allocs []ipam.Allocation) []podSource {
+	out := make([]podSource, 0, len(allocs))
 	for _, al := range allocs {
-		out = append(out, polipt.Source{Port: cni.HostVethName(al.ContainerID, al.IfName), Addrs: al.Addresses})
+		out = append(out, podSource{Port: cni.HostVethName(al.ContainerID, al.IfName), Addrs: al.Addresses})
 	}
 	return out
 }
 
 // watchAllocations pokes the controller whenever the plugin saves its
 // allocation state (ADD, DEL, GC), so that a new pod is programmed
-// without waiting for the API server to report its address. Only saves
-// count: the lock file is written by every reader too, the agent included.
+// without waiting for the API server to report its address.
 func (c *PolicyController) watchAllocations(ctx context.Context) error {
-	store, err := allocationStore(c.opts.IPAMDataDir) // creates the directory
+	return watchAllocationSaves(ctx, c.opts.IPAMDataDir, c.allocationsChanged)
+}
+
+// watchAllocationSaves calls changed whenever the plugin saves its
+// allocation state under dataDir, until ctx ends. Only saves count: the
+// lock file is written by every reader too, the agent included.
+func watchAllocationSaves(ctx context.Context, dataDir string, changed func()) error {
+	store, err := allocationStore(dataDir) // creates the directory
 	if err != nil {
 		return err
 	}
@@ -94,7 +102,7 @@ func (c *PolicyController) watchAllocations(ctx context.Context) error {
 				return
 			}
 			if namesFile(buf[:n], state) {
-				c.allocationsChanged()
+				changed()
 			}
 		}
 	}()

@@ -7,7 +7,6 @@ import (
 
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/ipam"
-	polipt "github.com/weftnet/weft/policy/iptables"
 )
 
 // The source check's pairs are the plugin's allocations: each key's host
@@ -38,7 +37,7 @@ func TestPodSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := podSources(allocs)
-	want := []polipt.Source{{Port: cni.HostVethName("c1", "eth0"), Addrs: []netip.Addr{a4, a6}}}
+	want := []podSource{{Port: cni.HostVethName("c1", "eth0"), Addrs: []netip.Addr{a4, a6}}}
 	if len(got) != 1 || got[0].Port != want[0].Port || !slices.Equal(got[0].Addrs, want[0].Addrs) {
 		t.Fatalf("sources %+v, want %+v", got, want)
 	}

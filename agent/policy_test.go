@@ -14,7 +14,10 @@ import (
 // with its key and field, again only when its problem changes.
 func TestPolicyControllerStateAndRejections(t *testing.T) {
 	var logs bytes.Buffer
-	c := NewPolicyController(PolicyOptions{NodeName: "node1", Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	c, err := NewPolicyController(PolicyOptions{NodeName: "node1", Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	w := nt.Addressed()
 	for _, n := range w.Namespaces {
 		c.OnNamespace(nil, n)

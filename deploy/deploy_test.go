@@ -24,7 +24,7 @@ import (
 )
 
 // Kustomizations are the directories users apply with `kubectl apply -k`.
-var Kustomizations = []string{".", "overlays/cni-only", "overlays/ebpf", "overlays/nftables"}
+var Kustomizations = []string{".", "overlays/cni-only", "overlays/ebpf", "overlays/nftables", "overlays/bgp"}
 
 // binDir is the repository's bin/, which `make build kube` fills.
 func binDir(t *testing.T) string {
@@ -107,6 +107,7 @@ func TestKustomizations(t *testing.T) {
 		t.Run(dir, func(t *testing.T) {
 			objs := build(t, bin, dir)
 			checkAgent(t, objs, flags)
+			checkAgentSecurity(t, objs, agentCaps[dir])
 			for _, d := range find[*appsv1.Deployment](objs) {
 				checkDNS(t, d, objs)
 			}
@@ -148,8 +149,9 @@ func checkAgent(t *testing.T, objs []runtime.Object, flags map[string]bool) {
 	if u := ds[0].Spec.UpdateStrategy; u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil || u.RollingUpdate.MaxUnavailable == nil {
 		t.Errorf("weft-agent: want a RollingUpdate with a bounded maxUnavailable, got %+v", u)
 	}
-	if len(spec.InitContainers) != 1 || !slices.Contains(spec.InitContainers[0].Command, "install-cni") {
-		t.Errorf("weft-agent: want the install-cni init container")
+	if len(spec.InitContainers) != 2 || !slices.Contains(spec.InitContainers[0].Command, "sysctl") ||
+		!slices.Contains(spec.InitContainers[1].Command, "install-cni") {
+		t.Errorf("weft-agent: want the sysctls and install-cni init containers")
 	}
 
 	// The ConfigMap's keys are agent flags; the probes use its health port.
@@ -178,6 +180,60 @@ func checkAgent(t *testing.T, objs []runtime.Object, flags map[string]bool) {
 	for name, p := range map[string]*corev1.Probe{"readiness": agent.ReadinessProbe, "liveness": agent.LivenessProbe} {
 		if p == nil || p.HTTPGet == nil || strconv.Itoa(p.HTTPGet.Port.IntValue()) != port {
 			t.Errorf("weft-agent: %s probe must GET the health port %q", name, port)
+		}
+	}
+}
+
+// agentCaps are the capabilities weft-agent's container holds in each
+// kustomization, and no more (docs/deploy.md says why each).
+var agentCaps = map[string][]string{
+	".":                 {"NET_ADMIN", "NET_RAW"},
+	"overlays/cni-only": {"NET_ADMIN", "NET_RAW"},
+	"overlays/nftables": {"NET_ADMIN"},
+	"overlays/ebpf":     {"BPF", "NET_ADMIN", "NET_RAW", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"},
+	"overlays/bgp":      {"NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"},
+}
+
+// checkAgentSecurity: the only privileged container of the DaemonSet is
+// the sysctls init container (running weftctl sysctl alone); the agent
+// drops every capability but its data plane's and cannot gain any (no
+// privilege escalation); install-cni needs none.
+func checkAgentSecurity(t *testing.T, objs []runtime.Object, caps []string) {
+	t.Helper()
+	if caps == nil {
+		t.Fatal("no capability list for this kustomization in agentCaps")
+	}
+	spec := find[*appsv1.DaemonSet](objs)[0].Spec.Template.Spec
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		sc := c.SecurityContext
+		if sc == nil {
+			t.Errorf("weft-agent: container %s has no securityContext", c.Name)
+			continue
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			if c.Name != "sysctls" || len(c.Command) < 2 || c.Command[1] != "sysctl" {
+				t.Errorf("weft-agent: container %s is privileged: only the sysctls init container may be", c.Name)
+			}
+			continue
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("weft-agent: container %s: want allowPrivilegeEscalation false", c.Name)
+		}
+		var add []string
+		if sc.Capabilities != nil && slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+			for _, cp := range sc.Capabilities.Add {
+				add = append(add, string(cp))
+			}
+		} else {
+			t.Errorf("weft-agent: container %s: want capabilities.drop [ALL]", c.Name)
+		}
+		slices.Sort(add)
+		want := []string(nil)
+		if c.Name == "agent" {
+			want = caps
+		}
+		if !slices.Equal(add, want) {
+			t.Errorf("weft-agent: container %s: capabilities.add %v, want %v", c.Name, add, want)
 		}
 	}
 }

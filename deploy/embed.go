@@ -3,15 +3,9 @@
 // same files, so what the lab verifies is what users install.
 package deploy
 
-import _ "embed"
+import "embed"
 
-// Namespace is agent/namespace.yaml: weft-system, where weft runs.
+// Files are the kustomize base and its overlays, as users apply them.
 //
-//go:embed agent/namespace.yaml
-var Namespace []byte
-
-// RBAC is agent/rbac.yaml: weft-agent's ServiceAccount, ClusterRole and
-// binding.
-//
-//go:embed agent/rbac.yaml
-var RBAC []byte
+//go:embed kustomization.yaml agent dns overlays
+var Files embed.FS

@@ -13,7 +13,11 @@ packages=(
 	conntrack  # conntrack CLI: inspecting flows in tests
 	bind9-dnsutils # dig: DNS tests against weft-dns
 	dnsperf    # DNS benchmark (make bench)
+	gcc libc6-dev # the CNI plugin's static shim (make build: gcc -static)
 	clang llvm libbpf-dev # BPF programs: make generate, and make test's check of the committed objects
+	qemu-system-x86 busybox-static cpio kmod # test/vm: Debian's kernel booted under qemu (IPVS, Debian stable's kernel)
+	bird2      # the lab's top-of-rack router (weftctl lab up --racks): weft's BGP peer
+	frr        # a second kind of BGP peer in the BGP tests
 )
 
 missing=()

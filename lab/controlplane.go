@@ -19,7 +19,7 @@ import (
 
 // kubernetesServiceIP is the first address of the service range: the
 // "kubernetes" Service's ClusterIP, which the API server's certificate names.
-var kubernetesServiceIP = netip.MustParseAddr("10.96.0.1")
+var kubernetesServiceIP = netip.MustParseAddr(KubernetesServiceIP)
 
 // identities the control plane and the nodes use, and their groups.
 const (
@@ -98,8 +98,25 @@ func issueCerts(dir string, nodes []Member, apiPort int) error {
 	return nil
 }
 
-// controlPlane returns the control-plane daemons, all in the cp namespace.
-func controlPlane(dir, binDir string) []Proc {
+// DefaultPodCIDRSize is the prefix length of a lab node's podCIDR.
+const DefaultPodCIDRSize = 24
+
+// checkPodCIDRSize accepts a podCIDR prefix length (0: the default) that
+// fits the cluster CIDR and leaves a pod address (a /30: one).
+func checkPodCIDRSize(size int) error {
+	cluster := netip.MustParsePrefix(ClusterCIDR)
+	if size != 0 && (size < cluster.Bits() || size > 30) {
+		return fmt.Errorf("--pod-cidr-size: %d is not between %d (the cluster CIDR %s) and 30", size, cluster.Bits(), ClusterCIDR)
+	}
+	return nil
+}
+
+// controlPlane returns the control-plane daemons, all in the cp namespace;
+// each node's podCIDR is a /podCIDRSize of the cluster CIDR (0: the default).
+func controlPlane(dir, binDir string, podCIDRSize int) []Proc {
+	if podCIDRSize == 0 {
+		podCIDRSize = DefaultPodCIDRSize
+	}
 	p := func(name string) string { return filepath.Join(dir, "pki", name) }
 	ns := netnsutil.RunDir + "/" + ControlNS
 	return []Proc{
@@ -119,7 +136,7 @@ func controlPlane(dir, binDir string) []Proc {
 			// their nodes Ready), so nothing would lift the not-ready
 			// taint this plugin puts on new nodes, and pods would never
 			// be scheduled.
-			"--disable-admission-plugins", "ServiceAccount,TaintNodesByCondition",
+			"--disable-admission-plugins", "TaintNodesByCondition",
 			"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
 			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 			"--allow-privileged", "--profiling=false", "--v", "1",
@@ -129,7 +146,7 @@ func controlPlane(dir, binDir string) []Proc {
 			"--authentication-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
 			"--authorization-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
 			"--use-service-account-credentials", "--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
-			"--allocate-node-cidrs", "--cluster-cidr", ClusterCIDR, "--node-cidr-mask-size", "24",
+			"--allocate-node-cidrs", "--cluster-cidr", ClusterCIDR, "--node-cidr-mask-size", strconv.Itoa(podCIDRSize),
 			"--service-cluster-ip-range", ServiceCIDR,
 			// The lab's mini-kubelets keep their nodes Ready themselves.
 			"--controllers", "*,-nodelifecycle", "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",

@@ -17,11 +17,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
-	"github.com/weftnet/weft/deploy"
 	"github.com/weftnet/weft/internal/fsutil"
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/proc"
 )
 
 // DefaultDir is where a lab keeps its state, logs and kubeconfigs.
@@ -33,14 +34,25 @@ const AgentPort = 9876
 // Options configure Up.
 type Options struct {
 	Nodes   int
-	Routing string // "hostgw" or "vxlan"
+	Routing string // "hostgw", "vxlan" or "bgp"
+	// Racks puts the nodes on that many underlay subnets joined by a ToR
+	// router (0 or 1: one segment).
+	Racks int `json:"racks,omitempty"`
 	// ProxyMode is the agents' service proxy: iptables (default),
 	// nftables or ebpf.
 	ProxyMode string `json:"proxyMode,omitempty"`
-	Dir       string
-	BinDir    string    // kube-apiserver, kube-controller-manager, kube-scheduler, weftctl
-	APIPort   int       // the admin kubeconfig's port on the host's loopback
-	Out       io.Writer `json:"-"`
+	// Dataplane is where the agents' packet rules live: iptables, or
+	// nftables (the nftables overlay: proxy, NetworkPolicy and the
+	// agents' own rules in nftables, no iptables tool run). Empty: the
+	// proxy mode's (nftables for the nftables proxy, else iptables).
+	Dataplane string `json:"dataplane,omitempty"`
+	// PodCIDRSize is the prefix length of each node's podCIDR (the
+	// controller-manager's --node-cidr-mask-size; 0: 24).
+	PodCIDRSize int `json:"podCIDRSize,omitempty"`
+	Dir         string
+	BinDir      string    // kube-apiserver, kube-controller-manager, kube-scheduler, weftctl
+	APIPort     int       // the admin kubeconfig's port on the host's loopback
+	Out         io.Writer `json:"-"`
 }
 
 // State is what a running lab records in Dir/lab.json.
@@ -60,17 +72,21 @@ func Up(ctx context.Context, o Options) (err error) {
 	if o.Nodes < 1 {
 		return fmt.Errorf("--nodes: need at least 1, got %d", o.Nodes)
 	}
-	if o.Routing != "hostgw" && o.Routing != "vxlan" {
-		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", o.Routing)
+	if err := checkTopology(o); err != nil {
+		return err
 	}
-	if o.ProxyMode == "" {
-		o.ProxyMode = "iptables"
+	if err := resolveDataplane(&o); err != nil {
+		return err
 	}
-	if !slices.Contains(ProxyModes, o.ProxyMode) {
-		return fmt.Errorf("--proxy-mode: %q is not one of %v", o.ProxyMode, ProxyModes)
+	if err := checkPodCIDRSize(o.PodCIDRSize); err != nil {
+		return err
 	}
 	if existing, _ := labNamespaces(); len(existing) > 0 {
 		return fmt.Errorf("a lab is already running (namespaces %v): run `weftctl lab down` first", existing)
+	}
+	// No lab runs: lab cgroups still on the machine are a crashed lab's.
+	if err := removeLabCgroups(o.Dir); err != nil {
+		return fmt.Errorf("a crashed lab's cgroups: %w", err)
 	}
 	if o.Out == nil {
 		o.Out = io.Discard
@@ -79,9 +95,17 @@ func Up(ctx context.Context, o Options) (err error) {
 	step := func(format string, args ...any) {
 		fmt.Fprintf(o.Out, "[%5.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
 	}
+	members := Members(o.Nodes, o.Racks)
 	defer func() {
 		if err != nil {
 			step("failed: %v; removing the lab", err)
+			for _, n := range NodeMembers(members) {
+				for _, log := range []string{logPath(o.Dir, n.Name+"-kubelet"), AgentLog(o.Dir, n.Name)} {
+					if log != "" {
+						fmt.Fprintf(o.Out, "--- the end of %s:\n%s", log, tail(log, 8))
+					}
+				}
+			}
 			if derr := Down(o.Dir); derr != nil {
 				err = errors.Join(err, derr)
 			}
@@ -90,28 +114,36 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return err
 	}
-	members := Members(o.Nodes)
 	st := State{Options: o, Members: members, Started: begin}
 	if err := writeJSON(statePath(o.Dir), st); err != nil {
 		return err
 	}
 
-	step("underlay %s: control plane %s, external host %s, %d nodes", underlayNet, ControlIP, ExternalIP, o.Nodes)
-	if err := buildFabric(members); err != nil {
+	step("weft's image")
+	if err := unpackImage(o.BinDir); err != nil {
+		return err
+	}
+	if o.Racks > 1 {
+		step("underlay: %d racks (172.18.<rack>.0/24) joined by a ToR, control plane %s, external host %s behind the ToR, %d nodes", o.Racks, ControlIP, members[1].IP, o.Nodes)
+	} else {
+		step("underlay %s: control plane %s, external host %s, %d nodes", underlayNet, ControlIP, ExternalIP, o.Nodes)
+	}
+	if err := buildFabric(members, o.Racks); err != nil {
 		return err
 	}
 	step("certificates and kubeconfigs")
 	if err := issueCerts(o.Dir, NodeMembers(members), o.APIPort); err != nil {
 		return err
 	}
-	cp := controlPlane(o.Dir, o.BinDir)
+	cp := controlPlane(o.Dir, o.BinDir, o.PodCIDRSize)
 	step("etcd and kube-apiserver")
 	for _, p := range cp[:2] {
 		if _, err := start(o.Dir, p); err != nil {
 			return err
 		}
 	}
-	waitCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	// Bounds against hangs only: a loaded machine is slow.
+	waitCtx, cancel := context.WithTimeout(ctx, 240*time.Second)
 	defer cancel()
 	if err := waitAPIServer(waitCtx, o.Dir); err != nil {
 		return err
@@ -130,40 +162,83 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err != nil {
 		return err
 	}
-	step("namespace and RBAC from deploy/agent")
-	for _, m := range [][]byte{deploy.Namespace, deploy.RBAC} {
-		if err := applyManifests(waitCtx, client, m); err != nil {
-			return err
-		}
-	}
-	step("weft-agent and kubelet on %d nodes (routing %s, proxy %s), external workload", o.Nodes, o.Routing, o.ProxyMode)
+	step("node file systems")
 	if err := prepareProxyMode(o, NodeMembers(members)); err != nil {
 		return err
 	}
-	for _, p := range nodeDaemons(o, members) {
+	if err := prepareNodes(o, NodeMembers(members)); err != nil {
+		return err
+	}
+	daemons := nodeDaemons(o, members)
+	if o.Racks > 1 && o.Routing == "bgp" {
+		tor, err := torDaemon(o.Dir, members, clusterASN)
+		if err != nil {
+			return err
+		}
+		step("ToR: BIRD, AS %d, a BGP session with each node", ToRASN)
+		daemons = append(daemons, tor)
+	}
+	step("kubelets on %d nodes, external workload", o.Nodes)
+	for _, p := range daemons {
 		if _, err := start(o.Dir, p); err != nil {
 			return err
 		}
 	}
+	step("weft from deploy/ (routing %s, proxy %s, data plane %s)", o.Routing, o.ProxyMode, o.Dataplane)
+	if err := install(waitCtx, &st); err != nil {
+		return err
+	}
 	if err := waitNodesReady(waitCtx, client, NodeMembers(members)); err != nil {
+		return err
+	}
+	if err := WaitAgents(waitCtx, client, o.Nodes); err != nil {
 		return err
 	}
 	step("lab up: export KUBECONFIG=%s", AdminKubeconfig(o.Dir))
 	return nil
 }
 
-// Restart kills a lab daemon (as a crash would) and starts it again.
+// checkTopology refuses a routing mode the lab's underlay cannot carry.
+func checkTopology(o Options) error {
+	if !slices.Contains([]string{"hostgw", "vxlan", "bgp"}, o.Routing) {
+		return fmt.Errorf("--routing: %q is not one of hostgw, vxlan, bgp", o.Routing)
+	}
+	if o.Racks < 0 || o.Racks > MaxRacks {
+		return fmt.Errorf("--racks: %d is not between 0 and %d", o.Racks, MaxRacks)
+	}
+	if o.Racks > 1 && o.Routing == "hostgw" {
+		return fmt.Errorf("--routing hostgw: nodes on %d racks are on different subnets, and host-gw routes only to nodes on the node's own segment (its next hops must be on-link): use --routing bgp (routes learned from the ToR and the other nodes) or vxlan", o.Racks)
+	}
+	return nil
+}
+
+// Restart kills a lab daemon (as a crash would) and starts it again. A
+// node's weft-agent ("node1-agent") is a container its kubelet restarts:
+// Restart kills it and waits for the new one.
 func Restart(dir, name string) error {
 	st, err := Load(dir)
 	if err != nil {
 		return err
 	}
-	for _, p := range append(controlPlane(dir, st.BinDir), nodeDaemons(st.Options, st.Members)...) {
+	if node, ok := strings.CutSuffix(name, "-agent"); ok {
+		pid, ok := AgentPID(dir, node)
+		if !ok {
+			return fmt.Errorf("no weft-agent running on %s", node)
+		}
+		proc.Stop([]int{pid}, 0)
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if now, ok := AgentPID(dir, node); ok && now != pid {
+				return nil
+			}
+		}
+		return fmt.Errorf("the kubelet of %s did not restart weft-agent within 60s", node)
+	}
+	for _, p := range append(controlPlane(dir, st.BinDir, st.PodCIDRSize), nodeDaemons(st.Options, st.Members)...) {
 		if p.Name != name {
 			continue
 		}
 		if pid, ok := alive(dir, name); ok {
-			stopPIDs([]int{pid}, 0)
+			proc.Stop([]int{pid}, 0)
 		}
 		_, err := start(dir, p)
 		return err
@@ -171,36 +246,27 @@ func Restart(dir, name string) error {
 	return fmt.Errorf("no lab daemon named %q", name)
 }
 
-// PID returns the pid of a running lab daemon.
-func PID(dir, name string) (int, bool) { return alive(dir, name) }
+// PID returns the pid of a running lab daemon, or of a node's weft-agent
+// container ("node1-agent").
+func PID(dir, name string) (int, bool) {
+	if node, ok := strings.CutSuffix(name, "-agent"); ok {
+		return AgentPID(dir, node)
+	}
+	return alive(dir, name)
+}
 
 // NodeDir is a node's own state directory (CNI config, IPAM, pods, logs).
 func NodeDir(dir, node string) string { return filepath.Join(dir, "nodes", node) }
 
-// CNIBinDir is where the lab's nodes find the CNI plugins.
-func CNIBinDir(binDir string) string { return filepath.Join(binDir, "cni") }
-
-// nodeDaemons are the per-node processes and the external host's workload.
+// nodeDaemons are the nodes' kubelets and the external host's workload.
 func nodeDaemons(o Options, members []Member) []Proc {
 	procs := []Proc{{Name: "ext-workload", NS: netnsutil.RunDir + "/" + ExternalNS, Args: []string{
 		filepath.Join(o.BinDir, "weft-workload"), "--name", "external",
 	}}}
 	for _, n := range NodeMembers(members) {
-		nd := NodeDir(o.Dir, n.Name)
-		cg := o.nodeCgroup(n.Name)
-		procs = append(procs,
-			Proc{Name: n.Name + "-agent", NS: n.NSPath(), Cgroup: cg, Args: append([]string{
-				filepath.Join(o.BinDir, "weft-agent"),
-				"--kubeconfig", filepath.Join(o.Dir, n.Name+"-agent.kubeconfig"), "--node-name", n.Name,
-				"--routing", o.Routing, "--cluster-cidr", ClusterCIDR, "--resync", "10s",
-				"--cni-conf-dir", filepath.Join(nd, "net.d"), "--ipam-data-dir", filepath.Join(nd, "ipam"),
-				"--healthz-addr", fmt.Sprintf(":%d", AgentPort),
-				"--node-ip", n.IP.String(),
-			}, o.proxyArgs(n.Name)...)},
-			Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Cgroup: cg, Args: []string{
-				filepath.Join(o.BinDir, "weftctl"), "lab", "kubelet", "--dir", o.Dir, "--node", n.Name,
-			}},
-		)
+		procs = append(procs, Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Args: []string{
+			filepath.Join(o.BinDir, "weftctl"), "lab", "kubelet", "--dir", o.Dir, "--node", n.Name,
+		}})
 	}
 	return procs
 }
@@ -243,7 +309,7 @@ func Down(dir string) error {
 	if err != nil {
 		return err
 	}
-	stopPIDs(append(recordedPIDs(dir), inNS...), 5*time.Second)
+	proc.Stop(append(recordedPIDs(dir), inNS...), 5*time.Second)
 	var errs []error
 	if err := removeProxyMode(dir); err != nil {
 		errs = append(errs, err)
@@ -290,6 +356,16 @@ func Procs(dir string) []ProcStatus {
 		out = append(out, ProcStatus{Name: name, PID: pid, Running: ok, Log: logPath(dir, name)})
 	}
 	return out
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error() + "\n"
+	}
+	lines := strings.SplitAfter(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "") + "\n"
 }
 
 func writeJSON(path string, v any) error {

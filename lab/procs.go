@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/proc"
 )
 
 // Proc is a lab daemon: a process started inside a member namespace,
@@ -79,32 +79,7 @@ func alive(dir, name string) (int, bool) {
 	if err != nil || pid <= 0 {
 		return 0, false
 	}
-	return pid, syscall.Kill(pid, 0) == nil && !zombie(pid)
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// pid (comm) state ...: the state follows the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z'
-}
-
-// stopPIDs sends SIGTERM, waits up to grace, then SIGKILLs what is left.
-func stopPIDs(pids []int, grace time.Duration) {
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGTERM)
-	}
-	deadline := time.Now().Add(grace)
-	for _, pid := range pids {
-		for syscall.Kill(pid, 0) == nil && !zombie(pid) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
+	return pid, proc.Running(pid)
 }
 
 // recordedPIDs reads every pid file of the lab.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,41 @@ import (
 
 // ProxyModes are the service proxy backends a lab's agents can run.
 var ProxyModes = []string{"iptables", "nftables", "ebpf"}
+
+// Dataplanes are the places the agents' packet rules can live.
+var Dataplanes = []string{"iptables", "nftables"}
+
+// resolveDataplane fills in the proxy mode and the data plane from each
+// other and refuses the combinations deploy/ has no overlay for: the
+// nftables data plane is deploy/overlays/nftables (whose agent has no
+// capability the iptables tools need), which runs the nftables proxy,
+// and the iptables and eBPF proxies run with the iptables data plane
+// (the eBPF proxy's masquerade glue is an iptables rule).
+func resolveDataplane(o *Options) error {
+	if o.Dataplane != "" && !slices.Contains(Dataplanes, o.Dataplane) {
+		return fmt.Errorf("--dataplane: %q is not one of %v", o.Dataplane, Dataplanes)
+	}
+	if o.ProxyMode == "" {
+		o.ProxyMode = "iptables"
+		if o.Dataplane == "nftables" {
+			o.ProxyMode = "nftables"
+		}
+	}
+	if !slices.Contains(ProxyModes, o.ProxyMode) {
+		return fmt.Errorf("--proxy-mode: %q is not one of %v", o.ProxyMode, ProxyModes)
+	}
+	want := "iptables"
+	if o.ProxyMode == "nftables" {
+		want = "nftables"
+	}
+	if o.Dataplane == "" {
+		o.Dataplane = want
+	}
+	if o.Dataplane != want {
+		return fmt.Errorf("--dataplane %s with --proxy-mode %s: the %s proxy runs on the %s data plane in the lab (deploy/ has no overlay mixing them)", o.Dataplane, o.ProxyMode, o.ProxyMode, want)
+	}
+	return nil
+}
 
 // The eBPF mode's socket programs act on the processes of one cgroup: each
 // lab node gets its own (NSPrefix + node name) in the cgroup v2 hierarchy,
@@ -63,19 +99,7 @@ func prepareProxyMode(o Options, nodes []Member) error {
 // removeProxyMode undoes prepareProxyMode from what is on the machine (the
 // lab's processes must be gone): lab cgroups, and bpffs mounts under dir.
 func removeProxyMode(dir string) error {
-	var errs []error
-	groups, _ := filepath.Glob(filepath.Join(cgroupDir(dir), NSPrefix+"*"))
-	for _, g := range groups {
-		// A process that was just killed may still be leaving it.
-		err := unix.Rmdir(g)
-		for deadline := time.Now().Add(5 * time.Second); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
-			time.Sleep(50 * time.Millisecond)
-			err = unix.Rmdir(g)
-		}
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", g, err))
-		}
-	}
+	errs := []error{removeLabCgroups(dir)}
 	mounts, err := mountsUnder(dir)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
@@ -86,6 +110,64 @@ func removeProxyMode(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeLabCgroups removes every lab cgroup of the machine's cgroup v2
+// hierarchy, killing what is left in them: seen through dir's mount of it
+// when the lab has one, through a temporary mount otherwise, so that the
+// cgroups of a lab that crashed, or whose directory is gone, are found too
+// (they would keep the next lab's nodes from making theirs). Without cgroup
+// v2 there is nothing to remove.
+func removeLabCgroups(dir string) error {
+	root, err := filepath.Abs(cgroupDir(dir))
+	if err != nil {
+		return err
+	}
+	if mounted, _ := mountsUnder(root); !slices.Contains(mounted, root) {
+		tmp, err := os.MkdirTemp("", NSPrefix+"cgroup2-")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp)
+		if err := unix.Mount("cgroup2", tmp, "cgroup2", 0, ""); err != nil {
+			return nil
+		}
+		defer unix.Unmount(tmp, unix.MNT_DETACH)
+		root = tmp
+	}
+	groups, _ := filepath.Glob(filepath.Join(root, NSPrefix+"*"))
+	var errs []error
+	for _, g := range groups {
+		// cgroup.kill SIGKILLs the whole subtree; the lab's processes were
+		// stopped gracefully before, these are strays.
+		_ = os.WriteFile(filepath.Join(g, "cgroup.kill"), []byte("1"), 0)
+		if err := removeCgroupTree(g); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupTree removes a cgroup and its descendants, deepest first.
+func removeCgroupTree(g string) error {
+	entries, _ := os.ReadDir(g)
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeCgroupTree(filepath.Join(g, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	// A process that was just killed may still be leaving it.
+	err := unix.Rmdir(g)
+	for deadline := time.Now().Add(5 * time.Second); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		err = unix.Rmdir(g)
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("removing cgroup %s: %w", g, err)
+	}
+	return nil
 }
 
 // mountsUnder lists the mount points at or below dir, deepest first.
@@ -108,15 +190,6 @@ func mountsUnder(dir string) ([]string, error) {
 		}
 	}
 	return out, s.Err()
-}
-
-// proxyArgs are the agent's proxy flags on a node.
-func (o Options) proxyArgs(node string) []string {
-	args := []string{"--proxy-mode", o.ProxyMode}
-	if o.ProxyMode == "ebpf" {
-		args = append(args, "--cgroup-root", o.nodeCgroup(node), "--bpf-pin-path", filepath.Join(bpffsDir(o.Dir), node))
-	}
-	return args
 }
 
 // DialFunc opens connections, as net.Dialer.DialContext does.

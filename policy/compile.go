@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -348,4 +349,20 @@ func anyIn(s AddrSet, ips []netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// Signature identifies a direction's rules by their structure: the peer
+// set IDs (which carry the policy's fingerprint) and the ports. Pods whose
+// rules have the same signature share the backends' chains.
+func Signature(rules []Rule) string {
+	var parts []string
+	for _, r := range rules {
+		peers := "all"
+		if !r.AllPeers {
+			peers = strings.Join(r.Peers, "+")
+		}
+		parts = append(parts, fmt.Sprintf("%s%v", peers, r.Ports))
+	}
+	sort.Strings(parts)
+	return strings.Join(slices.Compact(parts), ";")
 }

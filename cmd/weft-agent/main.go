@@ -12,51 +12,72 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/weftnet/weft/agent"
 	"github.com/weftnet/weft/cni"
 	"github.com/weftnet/weft/internal/buildinfo"
 	"github.com/weftnet/weft/internal/cliflag"
+	"github.com/weftnet/weft/internal/cniinstall"
 	"github.com/weftnet/weft/internal/flagfile"
 	"github.com/weftnet/weft/internal/httpserve"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/routing"
+	"github.com/weftnet/weft/routing/bgp"
+	"github.com/weftnet/weft/topology"
 )
 
 // agentFlags are the node agent's own flags.
 type agentFlags struct {
-	kubeconfig, node, mode, confDir, dataDir, bridge, healthz string
-	clusterCIDRs                                              cliflag.Prefixes
-	mtu                                                       int
-	resync                                                    time.Duration
-	cleanup                                                   bool
-	networkPolicy, policyLogDrops                             bool
-	policyPendingTimeout                                      time.Duration
+	kubeconfig, node, mode, confDir, binDir, dataDir, bridge, healthz string
+	clusterCIDRs                                                      cliflag.Prefixes
+	mtu                                                               int
+	resync                                                            time.Duration
+	cleanup                                                           bool
+	networkPolicy, policyLogDrops                                     bool
+	policyPendingTimeout                                              time.Duration
+	dataplane, policyMode                                             string
+	topologyExporter                                                  bool
+	nodeBandwidth                                                     int64
+	rack, tor                                                         string
+	bgpConfig                                                         string
+	bgpPort                                                           int
 }
 
 func main() {
 	var f agentFlags
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster config)")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw or vxlan")
+	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw, vxlan, or bgp (an embedded BGP speaker: docs/bgp.md)")
+	flag.StringVar(&f.bgpConfig, "bgp-config", "weft-system/weft-bgp", "bgp routing: namespace/name of the BGP ConfigMap (key config.yaml; read live) and the namespace of its password Secrets")
+	flag.IntVar(&f.bgpPort, "bgp-listen-port", 179, "bgp routing: TCP port the speaker accepts sessions on (-1: none, only outgoing)")
 	flag.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDRs of the cluster, repeatable or comma-separated (masquerade exemption; default 10.244.0.0/16)")
 	flag.StringVar(&f.confDir, "cni-conf-dir", "/etc/cni/net.d", "where to write the CNI configuration")
+	flag.StringVar(&f.binDir, "cni-bin-dir", "/opt/cni/bin", "--cleanup: the CNI plugin directory weft's plugin is removed from")
 	flag.StringVar(&f.dataDir, "ipam-data-dir", cni.DefaultDataDir, "the CNI plugin's IPAM state directory")
 	flag.StringVar(&f.bridge, "bridge", cni.DefaultBridge, "node bridge for pods")
 	flag.IntVar(&f.mtu, "mtu", 0, "pod MTU (default: underlay MTU minus encapsulation)")
 	flag.DurationVar(&f.resync, "resync", 30*time.Second, "full resync period (repairs drift)")
 	flag.StringVar(&f.healthz, "healthz-addr", ":9876", "address for /healthz and /metrics")
 	flag.BoolVar(&f.cleanup, "cleanup", false, "remove everything weft-agent installed on this node and exit")
-	flag.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicies for this node's pods (iptables + ipset)")
+	flag.StringVar(&f.dataplane, "dataplane", agent.DataplaneIPTables, "where weft's packet rules live: iptables (iptables and ipset tools) or nftables (weft's own nftables tables, no iptables or ipset tool needed); the default of --proxy-mode and --policy-mode, and the agent's own masquerade rules")
+	flag.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicies for this node's pods")
+	flag.StringVar(&f.policyMode, "policy-mode", "", "NetworkPolicy backend: iptables (chains and ipsets) or nftables (tables inet and bridge weft-policy) (default: the --dataplane)")
 	flag.BoolVar(&f.policyLogDrops, "policy-log-drops", false, "log packets dropped by NetworkPolicy (rate-limited kernel log)")
 	flag.DurationVar(&f.policyPendingTimeout, "policy-pending-timeout", agent.DefaultPendingTimeout, "how long a new pod the agent cannot tie to a Pod object stays default-deny before it is released as one no policy selects")
+	flag.BoolVar(&f.topologyExporter, "topology-exporter", true, "publish the node's network capacity (weft.dev/pod-ips, weft.dev/bandwidth, the pod-ips-exhausted taint) and topology labels, and shape pods requesting weft.dev/bandwidth")
+	flag.Int64Var(&f.nodeBandwidth, "node-bandwidth", 0, "the node's bandwidth in Mbit/s for weft.dev/bandwidth (default: the uplink's reported speed)")
+	flag.StringVar(&f.rack, "rack", "", "the node's rack, published as the label "+topology.RackLabel)
+	flag.StringVar(&f.tor, "tor", "", "the node's top-of-rack switch, published as the label "+topology.ToRLabel)
 	var px proxyFlags
-	flag.StringVar(&px.mode, "proxy-mode", "iptables", "service proxy backend: iptables, nftables, ebpf, or none to leave Services to another proxy")
+	flag.StringVar(&px.mode, "proxy-mode", "", "service proxy backend: iptables, nftables, ipvs, ebpf, or none to leave Services to another proxy (default: the --dataplane)")
+	flag.StringVar(&px.ipvsScheduler, "ipvs-scheduler", "", "ipvs proxy mode: the scheduler of every virtual server: rr, wrr, lc, sh, mh, ... (default rr)")
 	flag.StringVar(&px.cgroupRoot, "cgroup-root", "", "ebpf proxy mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&px.bpfPinPath, "bpf-pin-path", "", "ebpf proxy mode: bpffs directory of weft's pinned maps and links (default /sys/fs/bpf/weft)")
 	flag.Var(&px.bpfDevices, "bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
@@ -98,6 +119,7 @@ type proxyFlags struct {
 	cgroupRoot    string
 	bpfPinPath    string
 	bpfDevices    cliflag.Names
+	ipvsScheduler string
 }
 
 // config turns the flags into the proxy's configuration.
@@ -105,7 +127,7 @@ func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) 
 	return proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
-		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices}
+		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, IPVSScheduler: f.ipvsScheduler}
 }
 
 func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
@@ -113,11 +135,33 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if node == "" {
 		return errors.New("--node-name: required (or set NODE_NAME)")
 	}
-	if mode != string(routing.ModeHostGW) && mode != string(routing.ModeVXLAN) {
-		return fmt.Errorf("--routing: %q is neither hostgw nor vxlan", mode)
+	if mode != string(routing.ModeHostGW) && mode != string(routing.ModeVXLAN) && mode != string(bgp.Mode) {
+		return fmt.Errorf("--routing: %q is none of hostgw, vxlan, bgp", mode)
+	}
+	bgpNS, bgpName, ok := strings.Cut(f.bgpConfig, "/")
+	if !ok || bgpNS == "" || bgpName == "" {
+		return fmt.Errorf("--bgp-config: %q is not namespace/name", f.bgpConfig)
+	}
+	if f.bgpPort < -1 || f.bgpPort == 0 || f.bgpPort > 65535 {
+		return fmt.Errorf("--bgp-listen-port: %d is not a port (or -1)", f.bgpPort)
 	}
 	if f.policyPendingTimeout <= 0 {
 		return fmt.Errorf("--policy-pending-timeout: %s is not positive", f.policyPendingTimeout)
+	}
+	if err := f.checkTopology(); err != nil {
+		return err
+	}
+	if f.dataplane != agent.DataplaneIPTables && f.dataplane != agent.DataplaneNFTables {
+		return fmt.Errorf("--dataplane: %q is neither %s nor %s", f.dataplane, agent.DataplaneIPTables, agent.DataplaneNFTables)
+	}
+	if px.mode == "" {
+		px.mode = f.dataplane
+	}
+	if f.policyMode == "" {
+		f.policyMode = f.dataplane
+	}
+	if f.policyMode != agent.PolicyModeIPTables && f.policyMode != agent.PolicyModeNFTables {
+		return fmt.Errorf("--policy-mode: %q is neither %s nor %s", f.policyMode, agent.PolicyModeIPTables, agent.PolicyModeNFTables)
 	}
 	cidrs := []netip.Prefix(f.clusterCIDRs)
 	client, err := kube.NewClient(f.kubeconfig, "weft-agent/"+buildinfo.Version)
@@ -126,22 +170,28 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	}
 	a := agent.New(client, agent.Options{
 		NodeName: node, Routing: routing.Mode(mode), ClusterCIDRs: cidrs, CNIConfDir: f.confDir,
-		IPAMDataDir: f.dataDir, Bridge: f.bridge, MTU: f.mtu, Resync: f.resync, Log: log,
+		IPAMDataDir: f.dataDir, Bridge: f.bridge, MTU: f.mtu, Resync: f.resync, Dataplane: f.dataplane, Log: log,
 	})
 	var p *proxy.Proxier
 	if px.mode != "none" {
 		var err error
-		if p, _, err = proxy.Build(px.config(node, cidrs, log)); err != nil {
+		var backend proxy.Backend
+		if p, backend, err = proxy.Build(px.config(node, cidrs, log)); err != nil {
 			return err
+		}
+		if !f.cleanup {
+			proxy.Prepare(backend, log)
 		}
 	}
 	var pc *agent.PolicyController
 	if f.networkPolicy || f.cleanup {
-		pc = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, LogDrops: f.policyLogDrops, Resync: f.resync,
-			IPAMDataDir: f.dataDir, Bridge: f.bridge, PendingTimeout: f.policyPendingTimeout, Log: log.With("component", "policy")})
+		if pc, err = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, Mode: f.policyMode, LogDrops: f.policyLogDrops, Resync: f.resync,
+			IPAMDataDir: f.dataDir, Bridge: f.bridge, PendingTimeout: f.policyPendingTimeout, Log: log.With("component", "policy")}); err != nil {
+			return fmt.Errorf("--policy-mode %s: %w", f.policyMode, err)
+		}
 	}
 	if f.cleanup {
-		errs := []error{a.Cleanup(), pc.Cleanup()}
+		errs := []error{a.Cleanup(), pc.Cleanup(), agent.CleanupShaping(), cniinstall.Uninstall(f.binDir, "weft", "weft-plugin")}
 		if p != nil {
 			errs = append(errs, p.Cleanup())
 		}
@@ -159,12 +209,35 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if err := httpserve.Serve(ctx, "--healthz-addr", f.healthz, a.Handler(extra...)); err != nil {
 		return err
 	}
-	log.Info("weft-agent starting", "node", node, "routing", mode, "proxy", px.mode, "networkPolicy", f.networkPolicy, "version", buildinfo.Version)
+	log.Info("weft-agent starting", "node", node, "routing", mode, "dataplane", f.dataplane, "proxy", px.mode, "networkPolicy", f.networkPolicy,
+		"policyMode", f.policyMode, "version", buildinfo.Version)
 	if f.networkPolicy {
 		go pc.Run(ctx)
 		go func() {
 			if err := kube.WatchPolicies(ctx, client, pc); err != nil {
 				log.Error("watching network policies", "err", err)
+			}
+		}()
+	}
+	if f.topologyExporter {
+		exp := agent.NewTopologyExporter(client, agent.TopologyOptions{NodeName: node, Routing: routing.Mode(mode), MTU: f.mtu,
+			IPAMDataDir: f.dataDir, BandwidthMbit: f.nodeBandwidth, Rack: f.rack, ToR: f.tor, Resync: f.resync,
+			Log: log.With("component", "topology")})
+		go func() {
+			if err := exp.Run(ctx); err != nil {
+				log.Error("topology exporter", "err", err)
+			}
+		}()
+	}
+	if mode == string(bgp.Mode) {
+		b, err := agent.NewBGP(client, agent.BGPOptions{NodeName: node, ClusterCIDRs: cidrs, ConfigNamespace: bgpNS, ConfigName: bgpName,
+			ListenPort: int32(f.bgpPort), Resync: f.resync, Log: log.With("component", "bgp")})
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := b.Run(ctx); err != nil {
+				log.Error("bgp", "err", err)
 			}
 		}()
 	}
@@ -177,4 +250,18 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		}()
 	}
 	return a.Run(ctx)
+}
+
+// checkTopology validates the exporter's flags: the rack and ToR become
+// label values.
+func (f agentFlags) checkTopology() error {
+	if f.nodeBandwidth < 0 {
+		return fmt.Errorf("--node-bandwidth: %d is negative", f.nodeBandwidth)
+	}
+	for name, v := range map[string]string{"--rack": f.rack, "--tor": f.tor} {
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return fmt.Errorf("%s: %q is not a label value: %s", name, v, strings.Join(errs, "; "))
+		}
+	}
+	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/iptables"
+	"github.com/weftnet/weft/proxy/ipvs"
 	"github.com/weftnet/weft/proxy/model"
 	"github.com/weftnet/weft/proxy/nftables"
 )
@@ -33,6 +34,7 @@ import (
 type flags struct {
 	kubeconfig, manifests, mode, node, zone, variant string
 	healthz, metrics, cgroupRoot, bpfPinPath         string
+	ipvsScheduler                                    string
 	nodeIPs                                          cliflag.Addrs
 	clusterCIDRs, nodePortAddrs                      cliflag.Prefixes
 	bpfDevices                                       cliflag.Names
@@ -45,7 +47,7 @@ func main() {
 	var f flags
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig: watch Services and EndpointSlices with informers")
 	flag.StringVar(&f.manifests, "manifests", "", "directory of YAML/JSON Services and EndpointSlices, reloaded on change")
-	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables, nftables or ebpf")
+	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables, nftables, ipvs or ebpf")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (for Local traffic policies)")
 	flag.StringVar(&f.zone, "zone", "", "this node's zone (topology hints)")
 	flag.Var(&f.nodeIPs, "node-ip", "this node's address (repeatable); NodePorts answer on it")
@@ -53,6 +55,7 @@ func main() {
 	flag.Var(&f.nodePortAddrs, "nodeport-addresses", "CIDRs (repeatable) selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&f.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
 	flag.IntVar(&f.masqBit, "masquerade-bit", 14, "fwmark bit marking traffic to masquerade (the next bit marks drops)")
+	flag.StringVar(&f.ipvsScheduler, "ipvs-scheduler", "", "ipvs mode: the scheduler of every virtual server: rr, wrr, lc, sh, mh, ... (default rr)")
 	flag.StringVar(&f.variant, "iptables", "", "iptables variant: nft, legacy, or empty for the system default")
 	flag.StringVar(&f.cgroupRoot, "cgroup-root", "", "ebpf mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&f.bpfPinPath, "bpf-pin-path", ebpf.DefaultPinPath, "ebpf mode: bpffs directory for weft's pinned maps and links")
@@ -78,6 +81,7 @@ func parseConfig(f flags, log *slog.Logger) proxy.Config {
 		IPTablesVariant: f.variant, MinSyncPeriod: f.minSync, SyncPeriod: f.sync, HealthCheckPorts: !f.dryRun, Log: log}
 	c.NodeIPs, c.ClusterCIDRs, c.NodePortAddresses = f.nodeIPs, f.clusterCIDRs, f.nodePortAddrs
 	c.CgroupRoot, c.BPFPinPath, c.BPFDevices = f.cgroupRoot, f.bpfPinPath, f.bpfDevices
+	c.IPVSScheduler = f.ipvsScheduler
 	return c
 }
 
@@ -120,6 +124,9 @@ func run(f flags, log *slog.Logger) error {
 		}
 		source = func(ctx context.Context) error { return kube.WatchServices(ctx, client, p) }
 	}
+	if !f.dryRun {
+		proxy.Prepare(backend, log)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- source(ctx) }()
 	if !f.dryRun {
@@ -159,6 +166,8 @@ func dryRun(backend proxy.Backend) (func(model.State) (string, error), error) {
 			return out.String(), nil
 		}, nil
 	case *nftables.Backend:
+		return b.Dump, nil
+	case *ipvs.Backend:
 		return b.Dump, nil
 	}
 	return nil, errors.New("not supported")

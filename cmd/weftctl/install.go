@@ -14,7 +14,7 @@ func installCNI(args []string) error {
 	fs := flag.NewFlagSet("install-cni", flag.ContinueOnError)
 	from := fs.String("from", "/opt/weft/cni", "directory of the plugins to install")
 	to := fs.String("to", "/host/opt/cni/bin", "the node's CNI bin directory, mounted into the container")
-	replace := fs.String("replace", "weft", "comma-separated plugins always replaced; the others are installed only where the node lacks them")
+	replace := fs.String("replace", "weft-plugin,weft", "comma-separated plugins always replaced; the others are installed only where the node lacks them")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -32,8 +32,11 @@ func newFlags(name string) (*flag.FlagSet, *string) {
 func labUp(args []string) error {
 	fs, dir := newFlags("up")
 	nodes := fs.Int("nodes", 3, "number of nodes")
-	routing := fs.String("routing", "hostgw", "cross-node routing: hostgw or vxlan")
-	proxyMode := fs.String("proxy-mode", "iptables", "the agents' service proxy: "+strings.Join(lab.ProxyModes, ", "))
+	routing := fs.String("routing", "hostgw", "cross-node routing: hostgw, vxlan or bgp")
+	racks := fs.Int("racks", 0, "put the nodes on that many racks (subnets) behind a BGP top-of-rack router; 0 or 1: one segment")
+	proxyMode := fs.String("proxy-mode", "", "the agents' service proxy: "+strings.Join(lab.ProxyModes, ", ")+" (default: nftables with --dataplane nftables, else iptables)")
+	dataplane := fs.String("dataplane", "", "where the agents' packet rules live: "+strings.Join(lab.Dataplanes, ", ")+" (default: nftables with --proxy-mode nftables, else iptables)")
+	podCIDRSize := fs.Int("pod-cidr-size", lab.DefaultPodCIDRSize, "prefix length of each node's podCIDR, within the cluster's "+lab.ClusterCIDR)
 	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -45,7 +48,7 @@ func labUp(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return lab.Up(ctx, lab.Options{
-		Nodes: *nodes, Routing: *routing, ProxyMode: *proxyMode, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
 	})
 }
 
@@ -208,11 +211,18 @@ func labKubelet(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	nd := lab.NodeDir(*dir, me.Name)
-	return kubelet.Run(ctx, kubelet.Options{
-		Node: me.Name, NodeIP: me.IP, Kubeconfig: filepath.Join(*dir, me.Name+"-kubelet.kubeconfig"),
-		StateDir: nd, NSPrefix: lab.NSPrefix, CNIConfDir: filepath.Join(nd, "net.d"),
-		CNIBinDir: lab.CNIBinDir(st.BinDir), WorkloadBin: filepath.Join(st.BinDir, "weft-workload"),
-		Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
-	})
+	o := st.KubeletOptions(*me)
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	return kubelet.Run(ctx, o)
+}
+
+// labContainer is the container shim the lab's kubelet starts for a
+// container of weft's image (kubelet.ContainerShim).
+func labContainer(args []string) error {
+	fs := flag.NewFlagSet("container", flag.ContinueOnError)
+	spec := fs.String("spec", "", "the container's spec file, written by the kubelet")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return kubelet.ContainerShim(*spec)
 }

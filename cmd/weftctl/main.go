@@ -1,11 +1,12 @@
 // Command weftctl is weft's operator CLI. Today it runs the lab:
 //
-//	weftctl lab up [--nodes N] [--routing hostgw|vxlan] [--proxy-mode MODE] [--dir DIR]
+//	weftctl lab up [--nodes N] [--routing hostgw|vxlan|bgp] [--racks N] [--proxy-mode MODE] [--dataplane iptables|nftables] [--dir DIR]
 //	weftctl lab status [--dir DIR]
 //	weftctl lab exec [--dir DIR] NODE|POD -- CMD [ARGS...]
 //	weftctl lab down [--dir DIR]
 //	weftctl check [--dir DIR] [--keep]
-//	weftctl install-cni [--from DIR] [--to DIR] [--replace weft]
+//	weftctl install-cni [--from DIR] [--to DIR] [--replace weft-plugin,weft]
+//	weftctl sysctl NAME=VALUE...
 package main
 
 import (
@@ -16,17 +17,19 @@ import (
 	"github.com/weftnet/weft/internal/netnsutil"
 )
 
-const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ...
+const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ... | weftctl sysctl ...
 
-  lab up      [--nodes N] [--routing hostgw|vxlan] [--proxy-mode iptables|nftables|ebpf]
-              [--dir DIR] [--api-port PORT]
+  lab up      [--nodes N] [--routing hostgw|vxlan|bgp] [--racks N] [--proxy-mode iptables|nftables|ebpf]
+              [--dataplane iptables|nftables] [--pod-cidr-size N] [--dir DIR] [--api-port PORT]
   lab down    [--dir DIR]
   lab status  [--dir DIR]
   lab exec    [--dir DIR] NODE|POD -- CMD [ARGS...]   run CMD in the network namespace of a
               node (or cp, ext) or of a pod (NAME or NAMESPACE/NAME)
   check       [--dir DIR] [--keep]   connectivity test on the lab
-  install-cni [--from DIR] [--to DIR] [--replace weft]   install the image's CNI plugins
+  install-cni [--from DIR] [--to DIR] [--replace weft-plugin,weft]   install the image's CNI plugins
               on the node (the weft-agent DaemonSet's init container)
+  sysctl      NAME=VALUE...   set kernel settings unless set already (the weft-agent
+              DaemonSet's privileged init container)
 `
 
 func main() {
@@ -38,7 +41,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "weft iptables wrapper:", err)
 		os.Exit(1)
 	}
-	top := map[string]func([]string) error{"check": runCheck, "install-cni": installCNI}
+	top := map[string]func([]string) error{"check": runCheck, "install-cni": installCNI, "sysctl": setSysctls}
 	if len(os.Args) >= 2 && top[os.Args[1]] != nil {
 		if err := top[os.Args[1]](os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "weftctl "+os.Args[1]+":", err)
@@ -51,7 +54,7 @@ func main() {
 		os.Exit(2)
 	}
 	cmds := map[string]func([]string) error{
-		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward, "kubelet": labKubelet,
+		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward, "kubelet": labKubelet, "container": labContainer,
 	}
 	run, ok := cmds[os.Args[2]]
 	if !ok {

@@ -27,12 +27,13 @@ var Packages = []string{"iptables", "ipset", "nftables", "conntrack"}
 // Binaries are the paths of weft's programs in the image, by the name of
 // the file in the repository's bin/ they are copied from.
 var Binaries = map[string]string{
-	"weft-agent":  "usr/local/bin/weft-agent",
-	"weft-dns":    "usr/local/bin/weft-dns",
-	"weft-proxy":  "usr/local/bin/weft-proxy",
-	"weftctl":     "usr/local/bin/weftctl",
-	"cni/weft":    "opt/weft/cni/weft",
-	"cni/portmap": "opt/weft/cni/portmap",
+	"weft-agent":      "usr/local/bin/weft-agent",
+	"weft-dns":        "usr/local/bin/weft-dns",
+	"weft-proxy":      "usr/local/bin/weft-proxy",
+	"weftctl":         "usr/local/bin/weftctl",
+	"cni/weft":        "opt/weft/cni/weft",
+	"cni/weft-plugin": "opt/weft/cni/weft-plugin",
+	"cni/portmap":     "opt/weft/cni/portmap",
 }
 
 // wrapper is where every iptables name of the image points until its

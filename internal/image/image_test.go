@@ -120,18 +120,25 @@ func TestImage(t *testing.T) {
 	t.Run("manifests", func(t *testing.T) {
 		for _, c := range deployedContainers(t, root) {
 			argv := c.Command
-			if c.Name != "install-cni" {
-				// Daemons: their command line parses; -help stops them
-				// before they reach for the API server.
-				argv = append(argv[:len(argv):len(argv)], "-help")
-			} else {
+			switch c.Name {
+			case "sysctls":
+				// For real: the settings of this test's own network
+				// namespace.
+			case "install-cni":
 				if err := os.MkdirAll(filepath.Join(rootfs, "host/opt/cni/bin"), 0o755); err != nil {
 					t.Fatal(err)
 				}
+			default:
+				// Daemons: their command line parses; -help stops them
+				// before they reach for the API server.
+				argv = append(argv[:len(argv):len(argv)], "-help")
 			}
 			run(t, "", nil, argv...)
 		}
-		for _, p := range []string{"weft", "portmap"} {
+		if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err != nil || strings.TrimSpace(string(b)) != "1" {
+			t.Errorf("the sysctls init container did not set ip_forward: %q %v", b, err)
+		}
+		for _, p := range []string{"weft", "weft-plugin", "portmap"} {
 			if _, err := os.Stat(filepath.Join(rootfs, "host/opt/cni/bin", p)); err != nil {
 				t.Errorf("install-cni did not install %s: %v", p, err)
 			}

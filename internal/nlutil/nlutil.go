@@ -5,8 +5,10 @@ package nlutil
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Dump runs a netlink dump, retrying one the kernel interrupted (the table
@@ -22,4 +24,17 @@ func Dump[T any](what string, list func() ([]T, error)) ([]T, error) {
 			return nil, fmt.Errorf("listing %s: %w", what, err)
 		}
 	}
+}
+
+// RouteDst is a kernel route's destination; a default route has none.
+func RouteDst(r netlink.Route) netip.Prefix {
+	if r.Dst == nil {
+		if r.Family == unix.AF_INET6 {
+			return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	}
+	a, _ := netip.AddrFromSlice(r.Dst.IP)
+	ones, _ := r.Dst.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones)
 }

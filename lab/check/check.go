@@ -71,8 +71,11 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 		}
 	}
 	var out []Result
+	// A new pod is dark until its node's agent has programmed its
+	// NetworkPolicy state (the pending window, docs/architecture.md): the
+	// probes to and from the fresh probe pods wait that long.
 	probe := func(kind string, from, to endpoint, url string, want func(workload.Reply) error) {
-		out = append(out, probeHTTP(ctx, kind, from.name, from.dial, to.name, url, want, 0))
+		out = append(out, probeHTTP(ctx, kind, from.name, from.dial, to.name, url, want, 10*time.Second))
 	}
 	sawFrom := func(pod string, src net.IP) func(workload.Reply) error {
 		return func(r workload.Reply) error {
@@ -140,9 +143,44 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 		probe("pod to external (masqueraded)", p, extEP, "http://"+net.JoinHostPort(ext.IP.String(), "80")+"/",
 			sawFrom("external", p.node.IP.AsSlice()))
 	}
+	out = append(out, clusterDNS(ctx, pods)...)
 	out = append(out, services(ctx, st, c, pods, nodes, ext, sawNode)...)
 	out = append(out, policies(ctx, st, c, pods)...)
 	return out, nil
+}
+
+// clusterDNS adds a row per probe pod: the pod resolves the kubernetes
+// Service's name through the cluster DNS address (weft-dns from deploy/,
+// reached through the node's service proxy).
+func clusterDNS(ctx context.Context, pods []endpoint) []Result {
+	const name = "kubernetes.default.svc.cluster.local"
+	var out []Result
+	for _, p := range pods {
+		r := Result{Kind: "pod to cluster DNS", From: p.name, To: lab.ClusterDNS + " (" + name + ")"}
+		resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return p.dial(ctx, network, net.JoinHostPort(lab.ClusterDNS, "53"))
+		}}
+		var addrs []string
+		var err error
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			addrs, err = resolver.LookupHost(qctx, name)
+			cancel()
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		switch {
+		case err != nil:
+			r.Detail = err.Error()
+		case len(addrs) != 1 || addrs[0] != lab.KubernetesServiceIP:
+			r.Detail = fmt.Sprintf("resolved to %v, want %s", addrs, lab.KubernetesServiceIP)
+		default:
+			r.OK, r.Detail = true, "resolved to "+addrs[0]
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // services adds the Service rows: a NodePort Service over the probe pods,
@@ -204,6 +242,9 @@ func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]
 	for { // a previous run's namespace may still be terminating
 		_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{})
 		if err == nil {
+			if err := lab.WaitServiceAccount(ctx, c, Namespace); err != nil {
+				return nil, err
+			}
 			break
 		}
 		if !apierrors.IsAlreadyExists(err) {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -44,6 +45,26 @@ type Options struct {
 	CNIBinDir   string
 	WorkloadBin string
 	Log         *slog.Logger
+
+	// Pods of weft's image (imagepods.go).
+	BinDir    string   // the lab's binaries: weft's image at tag "dev"
+	ImagesDir string   // other tags: ImagesDir/<tag> holds their binaries
+	ImageRoot string   // the image's unpacked root file system
+	Shim      []string // the container shim's argv (ContainerShim), "--spec FILE" appended
+	// APIServiceHost is the kubernetes Service's ClusterIP
+	// (KUBERNETES_SERVICE_HOST in every container).
+	APIServiceHost string
+	// ClusterDNS and ClusterDomain make the resolv.conf of ClusterFirst
+	// pods.
+	ClusterDNS, ClusterDomain string
+	// HostPaths map the machine paths a lab node has its own of (hostPath
+	// volumes, paths in the CNI configuration) to the node's directories:
+	// a lab node's file system is a directory, and nothing it runs
+	// reaches the machine's own files through those paths.
+	HostPaths map[string]string
+	// Labels are added to the Node's at registration (kubelet
+	// --node-labels).
+	Labels map[string]string
 }
 
 // Kubelet runs one node's pods.
@@ -103,6 +124,7 @@ func Run(ctx context.Context, o Options) error {
 	k.adopt()
 	go every(ctx, 20*time.Second, func() { k.heartbeat(ctx) })
 	go every(ctx, time.Second, k.retryPending)
+	go k.monitor(ctx)
 	var wg sync.WaitGroup
 	for i := 0; i < 4; i++ {
 		wg.Go(func() {
@@ -163,6 +185,7 @@ func (k *Kubelet) registerNode(ctx context.Context) error {
 			"kubernetes.io/hostname": k.opts.Node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
 		}},
 	}
+	maps.Copy(node.Labels, k.opts.Labels)
 	_, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return err

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 
 	"github.com/weftnet/weft/internal/fsutil"
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/proc"
 )
 
 // cniNetwork is the network name the agent's conflist carries.
@@ -36,6 +38,20 @@ type podRun struct {
 	PID       int       `json:"pid"`
 	IPs       []string  `json:"ips"`
 	Started   time.Time `json:"started"`
+	// Image pods (imagepods.go): the tag of weft's image they run, and
+	// their containers; HostNetwork pods run in the node's namespace.
+	Tag         string          `json:"tag,omitempty"`
+	HostNetwork bool            `json:"hostNetwork,omitempty"`
+	Containers  []*containerRun `json:"containers,omitempty"`
+}
+
+func (r *podRun) container(name string) *containerRun {
+	for _, c := range r.Containers {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
 }
 
 // PodNetNS is the name of a pod's network namespace under netnsutil.RunDir.
@@ -72,6 +88,11 @@ func (k *Kubelet) sync(ctx context.Context, key string) error {
 	k.mu.Unlock()
 	if pod.DeletionTimestamp != nil {
 		if run != nil {
+			grace := 30 * time.Second
+			if pod.DeletionGracePeriodSeconds != nil {
+				grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+			}
+			k.stopContainers(run, grace)
 			if err := k.teardown(ctx, run); err != nil {
 				return err
 			}
@@ -92,7 +113,12 @@ func (k *Kubelet) sync(ctx context.Context, key string) error {
 		if ok, err := k.admit(ctx, pod); !ok || err != nil {
 			return err
 		}
-		if run, err = k.start(ctx, pod); err != nil || run == nil {
+		if tag, ok := imageTag(pod); ok {
+			run, err = k.startImagePod(ctx, pod, tag)
+		} else {
+			run, err = k.start(ctx, pod)
+		}
+		if err != nil || run == nil {
 			return err
 		}
 	}
@@ -121,8 +147,43 @@ func (k *Kubelet) cni() (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
 		}
 		return nil, nil, err
 	}
+	if len(k.opts.HostPaths) > 0 {
+		// The agent wrote machine paths (the IPAM state's directory);
+		// on a lab node they are the node's own.
+		var doc any
+		if err := json.Unmarshal(list.Bytes, &doc); err != nil {
+			return nil, nil, err
+		}
+		b, err := json.Marshal(k.mapPaths(doc))
+		if err != nil {
+			return nil, nil, err
+		}
+		if list, err = libcni.ConfListFromBytes(b); err != nil {
+			return nil, nil, err
+		}
+	}
 	rt := libcni.NewCNIConfigWithCacheDir([]string{k.opts.CNIBinDir}, filepath.Join(k.opts.StateDir, "cni-cache"), nil)
 	return rt, list, nil
+}
+
+// mapPaths replaces, in a decoded JSON document, every string that is a
+// machine path the node has its own of with the node's path.
+func (k *Kubelet) mapPaths(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for key, e := range x {
+			x[key] = k.mapPaths(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = k.mapPaths(e)
+		}
+	case string:
+		if p, ok := k.nodePath(x); ok && strings.HasPrefix(x, "/") {
+			return p
+		}
+	}
+	return v
 }
 
 func runtimeConf(r *podRun) *libcni.RuntimeConf {
@@ -130,15 +191,33 @@ func runtimeConf(r *podRun) *libcni.RuntimeConf {
 		Args: [][2]string{{"K8S_POD_NAMESPACE", r.Namespace}, {"K8S_POD_NAME", r.Name}}}
 }
 
-// start wires a pod's network and starts its workload. It returns nil, nil
-// while the node's CNI configuration is not written yet.
+// start wires a pod's network and starts the lab workload in it. It
+// returns nil, nil while the node's CNI configuration is not written yet.
 func (k *Kubelet) start(ctx context.Context, pod *corev1.Pod) (*podRun, error) {
+	run := &podRun{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Started: time.Now()}
+	run, err := k.wire(ctx, pod, run)
+	if err != nil || run == nil {
+		return nil, err
+	}
+	if err := k.startWorkload(pod, run); err != nil {
+		k.unwire(ctx, run)
+		return nil, err
+	}
+	if err := k.save(run); err != nil {
+		return nil, err
+	}
+	k.opts.Log.Info("pod started", "pod", pod.Namespace+"/"+pod.Name, "ips", run.IPs, "netns", run.NetNS)
+	return run, nil
+}
+
+// wire makes the pod's network namespace and runs CNI ADD in it. It
+// returns nil, nil while the node's CNI configuration is not written yet.
+func (k *Kubelet) wire(ctx context.Context, pod *corev1.Pod, run *podRun) (*podRun, error) {
 	rt, list, err := k.cni()
 	if err != nil || list == nil {
 		return nil, err
 	}
-	run := &podRun{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name,
-		NetNS: PodNetNS(k.opts.NSPrefix, k.opts.Node, pod.UID), Started: time.Now()}
+	run.NetNS = PodNetNS(k.opts.NSPrefix, k.opts.Node, pod.UID)
 	if _, err := netnsutil.NewNamed(run.NetNS); err != nil {
 		return nil, err
 	}
@@ -149,21 +228,24 @@ func (k *Kubelet) start(ctx context.Context, pod *corev1.Pod) (*podRun, error) {
 	}
 	result, err := current.GetResult(res)
 	if err != nil {
+		k.unwire(ctx, run)
 		return nil, err
 	}
 	for _, ip := range result.IPs {
 		run.IPs = append(run.IPs, ip.Address.IP.String())
 	}
-	if err := k.startWorkload(pod, run); err != nil {
-		_ = rt.DelNetworkList(ctx, list, runtimeConf(run))
-		_ = netnsutil.Delete(run.NetNS)
-		return nil, err
-	}
-	if err := k.save(run); err != nil {
-		return nil, err
-	}
-	k.opts.Log.Info("pod started", "pod", pod.Namespace+"/"+pod.Name, "ips", run.IPs, "netns", run.NetNS)
 	return run, nil
+}
+
+// unwire undoes wire after a failed start.
+func (k *Kubelet) unwire(ctx context.Context, run *podRun) {
+	if run.HostNetwork || run.NetNS == "" {
+		return
+	}
+	if rt, list, err := k.cni(); err == nil && list != nil {
+		_ = rt.DelNetworkList(ctx, list, runtimeConf(run))
+	}
+	_ = netnsutil.Delete(run.NetNS)
 }
 
 // startWorkload runs the lab workload in the pod's namespace, detached so
@@ -208,19 +290,23 @@ func (k *Kubelet) teardown(ctx context.Context, r *podRun) error {
 	if r.PID > 0 {
 		_ = syscall.Kill(r.PID, syscall.SIGKILL)
 	}
-	rt, list, err := k.cni()
-	if err != nil {
-		return err
-	}
-	if list != nil {
-		if err := rt.DelNetworkList(ctx, list, runtimeConf(r)); err != nil {
-			return fmt.Errorf("CNI DEL for %s/%s: %w", r.Namespace, r.Name, err)
+	k.stopContainers(r, 0)
+	if !r.HostNetwork {
+		rt, list, err := k.cni()
+		if err != nil {
+			return err
+		}
+		if list != nil {
+			if err := rt.DelNetworkList(ctx, list, runtimeConf(r)); err != nil {
+				return fmt.Errorf("CNI DEL for %s/%s: %w", r.Namespace, r.Name, err)
+			}
+		}
+		if err := netnsutil.Delete(r.NetNS); err != nil {
+			return err
 		}
 	}
-	if err := netnsutil.Delete(r.NetNS); err != nil {
-		return err
-	}
 	_ = os.Remove(k.statePath(r.UID))
+	_ = os.RemoveAll(k.podDir(string(r.UID)))
 	k.mu.Lock()
 	delete(k.running, r.UID)
 	k.mu.Unlock()
@@ -229,6 +315,13 @@ func (k *Kubelet) teardown(ctx context.Context, r *podRun) error {
 }
 
 func (k *Kubelet) save(r *podRun) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.saveLocked(r)
+}
+
+// saveLocked is save with k.mu held.
+func (k *Kubelet) saveLocked(r *podRun) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -236,9 +329,7 @@ func (k *Kubelet) save(r *podRun) error {
 	if err := fsutil.WriteFileAtomic(k.statePath(r.UID), b, 0o644); err != nil {
 		return err
 	}
-	k.mu.Lock()
 	k.running[r.UID] = r
-	k.mu.Unlock()
 	return nil
 }
 
@@ -263,7 +354,9 @@ func (k *Kubelet) adopt() {
 }
 
 func (k *Kubelet) updatePodStatus(ctx context.Context, pod *corev1.Pod, r *podRun) error {
+	k.mu.Lock()
 	want := podStatus(pod, r, k.opts.NodeIP.String())
+	k.mu.Unlock()
 	if statusEqual(pod.Status, want) {
 		return nil
 	}
@@ -275,6 +368,9 @@ func (k *Kubelet) updatePodStatus(ctx context.Context, pod *corev1.Pod, r *podRu
 
 func podStatus(pod *corev1.Pod, r *podRun, hostIP string) corev1.PodStatus {
 	ready := pod.Annotations[ReadyAnnotation] != "false"
+	for _, c := range r.Containers {
+		ready = ready && c.Ready
+	}
 	started := metav1.NewTime(r.Started.Truncate(time.Second))
 	cond := func(t corev1.PodConditionType, ok bool) corev1.PodCondition {
 		s := corev1.ConditionTrue
@@ -306,10 +402,20 @@ func podStatus(pod *corev1.Pod, r *podRun, hostIP string) corev1.PodStatus {
 		st.PodIP = r.IPs[0]
 	}
 	for _, c := range pod.Spec.Containers {
-		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{
+		cs := corev1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: "lab://weft-workload", ContainerID: "lab://" + strconv.Itoa(r.PID),
 			Ready: ready, Started: &ready, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}},
-		})
+		}
+		if cr := r.container(c.Name); cr != nil {
+			live := proc.Running(cr.PID)
+			cs.ImageID, cs.ContainerID = "lab://"+r.Tag, "lab://"+strconv.Itoa(cr.PID)
+			cs.Ready, cs.Started, cs.RestartCount = cr.Ready && live, &live, cr.Restarts
+			cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(cr.Started.Truncate(time.Second))}}
+			if !live {
+				cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: cr.LastExit}}
+			}
+		}
+		st.ContainerStatuses = append(st.ContainerStatuses, cs)
 	}
 	return st
 }
@@ -324,5 +430,14 @@ func statusEqual(a, b corev1.PodStatus) bool {
 			return false
 		}
 	}
-	return len(a.ContainerStatuses) == len(b.ContainerStatuses)
+	if len(a.ContainerStatuses) != len(b.ContainerStatuses) {
+		return false
+	}
+	for i := range a.ContainerStatuses {
+		x, y := a.ContainerStatuses[i], b.ContainerStatuses[i]
+		if x.Ready != y.Ready || x.RestartCount != y.RestartCount || x.ContainerID != y.ContainerID {
+			return false
+		}
+	}
+	return true
 }

@@ -65,7 +65,7 @@ func allowRules(fam family, rules []policy.Rule, dir string, addrSets map[string
 			extras[match] = extras[match] || r.AllPeers
 		}
 	})
-	sig := signature(rules)
+	sig := policy.Signature(rules)
 	peers := func(r policy.Rule) []peerBlock {
 		if r.AllPeers {
 			return []peerBlock{{nets: []netip.Prefix{fam.all()}}}
@@ -134,21 +134,6 @@ func relevant(fam family, ids []string, addrSets map[string]policy.AddrSet) bool
 		}
 	}
 	return false
-}
-
-// signature identifies a direction's rules by their structure: the peer
-// set IDs (which carry the policy's fingerprint) and the ports.
-func signature(rules []policy.Rule) string {
-	var parts []string
-	for _, r := range rules {
-		peers := "all"
-		if !r.AllPeers {
-			peers = strings.Join(r.Peers, "+")
-		}
-		parts = append(parts, fmt.Sprintf("%s%v", peers, r.Ports))
-	}
-	sort.Strings(parts)
-	return strings.Join(slices.Compact(parts), ";")
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -3,9 +3,10 @@ package iptables
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
+
+	"github.com/weftnet/weft/internal/sysctl"
 )
 
 // Exec runs ipset and the iptables tools of one family (ip6tables-* for 6).
@@ -77,26 +78,21 @@ func (e Exec) IPTablesSave() ([]byte, error) {
 // BridgeNetfilter is the sysctl that shows bridged (same-node) pod traffic
 // to iptables; BridgeNetfilter6 to ip6tables.
 const (
-	BridgeNetfilter  = "/proc/sys/net/bridge/bridge-nf-call-iptables"
-	BridgeNetfilter6 = "/proc/sys/net/bridge/bridge-nf-call-ip6tables"
+	BridgeNetfilter  = "net.bridge.bridge-nf-call-iptables"
+	BridgeNetfilter6 = "net.bridge.bridge-nf-call-ip6tables"
 )
 
-// EnsureBridgeNetfilter sets BridgeNetfilter (6) to 1; it fails when
-// bridge netfilter is missing (same-node traffic would escape the policies).
+// EnsureBridgeNetfilter sets BridgeNetfilter (6) to 1 unless it is 1
+// already; it fails, naming the sysctl, when bridge netfilter is missing
+// (same-node traffic would escape the policies) or the value is not 1 and
+// cannot be written.
 func (e Exec) EnsureBridgeNetfilter() error {
-	path := BridgeNetfilter
+	name := BridgeNetfilter
 	if e.Family == 6 {
-		path = BridgeNetfilter6
+		name = BridgeNetfilter6
 	}
-	cur, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("bridge netfilter unavailable (same-node pod traffic could not be filtered): %w", err)
-	}
-	if strings.TrimSpace(string(cur)) == "1" {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
-		return fmt.Errorf("enabling bridge netfilter: %w", err)
+	if err := sysctl.Ensure(name, "1"); err != nil {
+		return fmt.Errorf("enabling bridge netfilter (same-node pod traffic must be seen by the policies): %w", err)
 	}
 	return nil
 }

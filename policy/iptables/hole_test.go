@@ -27,10 +27,10 @@ func TestNoHoleDuringUpdates(t *testing.T) {
 	// Relabel variant: the policy allows team=blue on 80; y gains and loses
 	// the label.
 	blue := nt.Policy("x", "p", nt.L(nt.PodLabel, "a"), nt.Ingress(nt.From(nt.Peers(nt.NSPeer(nt.L("team", "blue"))), nt.Port(tcp, 80))))
-	yBlue := relabelled(b.world, "y")
+	yBlue := nt.Relabelled(b.World, "y")
 
-	b.apply(t, &a, b.world, []*networkingv1.NetworkPolicy{a1})
-	b.check(t, b.world, []*networkingv1.NetworkPolicy{a1}, "version 1")
+	b.apply(t, &a, b.World, []*networkingv1.NetworkPolicy{a1})
+	b.check(t, b.World, []*networkingv1.NetworkPolicy{a1}, "version 1")
 	// Every state allows y on 80 or z on 81 or nobody: z -> x/a:80 and
 	// y -> x/a:81 are forbidden by all of them, but a rule of one state
 	// matched against the peers of another would let them through.
@@ -45,7 +45,7 @@ func TestNoHoleDuringUpdates(t *testing.T) {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				pctx, pcancel := context.WithTimeout(ctx, 100*time.Millisecond)
-				c, err := netnsutil.Dialer(b.targets[f.from].NSPath, nil)(pctx, "tcp", b.targets["x/a"].IP+":"+f.port)
+				c, err := netnsutil.Dialer(b.Targets[f.from].NSPath, nil)(pctx, "tcp", b.Targets["x/a"].IP+":"+f.port)
 				pcancel()
 				probes.Add(1)
 				if err == nil {
@@ -56,11 +56,11 @@ func TestNoHoleDuringUpdates(t *testing.T) {
 		}()
 	}
 	for range 10 {
-		b.apply(t, &a, b.world, []*networkingv1.NetworkPolicy{a2})
+		b.apply(t, &a, b.World, []*networkingv1.NetworkPolicy{a2})
 		b.apply(t, &a, yBlue, []*networkingv1.NetworkPolicy{blue})
-		b.apply(t, &a, b.world, []*networkingv1.NetworkPolicy{blue})
+		b.apply(t, &a, b.World, []*networkingv1.NetworkPolicy{blue})
 		b.apply(t, &a, yBlue, []*networkingv1.NetworkPolicy{blue})
-		b.apply(t, &a, b.world, []*networkingv1.NetworkPolicy{a1})
+		b.apply(t, &a, b.World, []*networkingv1.NetworkPolicy{a1})
 	}
 	cancel()
 	wg.Wait()
@@ -71,17 +71,4 @@ func TestNoHoleDuringUpdates(t *testing.T) {
 		t.Fatalf("only %d probes ran", probes.Load())
 	}
 	t.Logf("%d probes of forbidden flows during 50 updates, none connected", probes.Load())
-}
-
-// relabelled returns w where namespace ns carries team=blue.
-func relabelled(w *nt.World, ns string) *nt.World {
-	out := &nt.World{Pods: w.Pods}
-	for _, n := range w.Namespaces {
-		n = n.DeepCopy()
-		if n.Name == ns {
-			n.Labels["team"] = "blue"
-		}
-		out.Namespaces = append(out.Namespaces, n)
-	}
-	return out
 }

@@ -13,28 +13,6 @@ import (
 	"github.com/weftnet/weft/policy/oracle"
 )
 
-// usesIPBlock: the bed's ipBlocks are IPv4, and the oracle judges a pod by
-// its primary (IPv4) address, so these cases say nothing about IPv6 flows.
-func usesIPBlock(pols []*networkingv1.NetworkPolicy) bool {
-	for _, p := range pols {
-		for _, r := range p.Spec.Ingress {
-			for _, peer := range r.From {
-				if peer.IPBlock != nil {
-					return true
-				}
-			}
-		}
-		for _, r := range p.Spec.Egress {
-			for _, peer := range r.To {
-				if peer.IPBlock != nil {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
-
 // TestIPv6 runs the selector-based scenarios and random sets over IPv6 on
 // the dual-stack bed, with the IPv6 applier, and holds real probes against
 // the oracle; the IPv4 rules are absent, so IPv4 stays open meanwhile.
@@ -48,16 +26,16 @@ func TestIPv6(t *testing.T) {
 			t.Fatalf("%s: apply: %v", what, err)
 		}
 		want := oracle.Expect(oracle.World{Namespaces: w.Namespaces, Policies: pols}, w.Pods, nt.Ports, nt.Protocols)
-		got, err := nt.WaitMatch(time.Now().Add(5*time.Second), b.targets6, want)
+		got, err := nt.WaitMatch(time.Now().Add(5*time.Second), b.Targets6, want)
 		if err != nil {
 			t.Fatalf("%s over IPv6: %v\n%s", what, err, oracle.SideBySide(want, got))
 		}
 	}
 	ran := 0
-	for _, sc := range nt.Scenarios(b.world) {
+	for _, sc := range nt.Scenarios(b.World) {
 		for i, st := range sc.Steps {
-			w, pols := nt.Apply(b.world, sc, i)
-			if usesIPBlock(pols) {
+			w, pols := nt.Apply(b.World, sc, i)
+			if nt.UsesIPBlock(pols) {
 				continue
 			}
 			check(w, pols, sc.Name+": "+st.Name)
@@ -66,15 +44,15 @@ func TestIPv6(t *testing.T) {
 	}
 	r := newRand()
 	for i := 0; ran < 60 && i < 200; i++ {
-		pols := nt.Random(r, b.world)
-		if usesIPBlock(pols) {
+		pols := nt.Random(r, b.World)
+		if nt.UsesIPBlock(pols) {
 			continue
 		}
-		check(b.world, pols, "random set "+itoa(i))
+		check(b.World, pols, "random set "+itoa(i))
 		ran++
 	}
 	// IPv4 is the other applier's: still open to all.
-	b.check(t, b.world, nil, "IPv4 untouched by the IPv6 applier")
+	b.check(t, b.World, nil, "IPv4 untouched by the IPv6 applier")
 	if err := a.Cleanup(); err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func (b *bed) apply(t *testing.T, a *polipt.Applier, w *nt.World, pols []*networ
 	d := policy.Compile(policy.Input{Pods: w.Pods, Namespaces: w.Namespaces, Policies: pols})
 	cfg := polipt.Config{NodeName: nodeName, LogDrops: true, Family: a.Family}
 	if b.checkSources {
-		cfg.PodPorts, cfg.Sources = "v+", b.sources
+		cfg.PodPorts, cfg.Sources = "v+", b.sources()
 	}
 	if b.pending {
 		cfg.PodBridges = []string{"weft0", "weft1"}
@@ -39,7 +39,7 @@ func (b *bed) apply(t *testing.T, a *polipt.Applier, w *nt.World, pols []*networ
 func (b *bed) check(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolicy, what string) {
 	t.Helper()
 	want := oracle.Expect(oracle.World{Namespaces: w.Namespaces, Policies: pols}, w.Pods, nt.Ports, nt.Protocols)
-	got, err := nt.WaitMatch(time.Now().Add(5*time.Second), b.targets, want)
+	got, err := nt.WaitMatch(time.Now().Add(5*time.Second), b.Targets, want)
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", what, err, oracle.SideBySide(want, got))
 	}
@@ -52,9 +52,9 @@ func (b *bed) check(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolic
 func TestScenarios(t *testing.T) {
 	b := newBed(t)
 	var a polipt.Applier
-	for _, sc := range nt.Scenarios(b.world) {
+	for _, sc := range nt.Scenarios(b.World) {
 		for i, st := range sc.Steps {
-			w, pols := nt.Apply(b.world, sc, i)
+			w, pols := nt.Apply(b.World, sc, i)
 			b.apply(t, &a, w, pols)
 			b.check(t, w, pols, sc.Name+": "+st.Name)
 		}
@@ -79,9 +79,9 @@ func TestRandom(t *testing.T) {
 	var a polipt.Applier
 	r := newRand()
 	for i := range 50 {
-		pols := nt.Random(r, b.world)
-		b.apply(t, &a, b.world, pols)
-		b.check(t, b.world, pols, "random set "+itoa(i))
+		pols := nt.Random(r, b.World)
+		b.apply(t, &a, b.World, pols)
+		b.check(t, b.World, pols, "random set "+itoa(i))
 	}
 }
 
@@ -90,11 +90,11 @@ func TestNodeReachesIsolatedPods(t *testing.T) {
 	b := newBed(t)
 	var a polipt.Applier
 	deny := []*networkingv1.NetworkPolicy{nt.Policy("x", "deny", nil, nt.Types(networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress))}
-	b.apply(t, &a, b.world, deny)
-	b.check(t, b.world, deny, "deny all in x")
+	b.apply(t, &a, b.World, deny)
+	b.check(t, b.World, deny, "deny all in x")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", b.targets["x/a"].IP+":80")
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", b.Targets["x/a"].IP+":80")
 	if err != nil {
 		t.Fatalf("node to isolated pod: %v", err)
 	}
@@ -106,18 +106,18 @@ func TestNodeReachesIsolatedPods(t *testing.T) {
 func TestJumpStaysFirst(t *testing.T) {
 	b := newBed(t)
 	var a polipt.Applier
-	b.apply(t, &a, b.world, nil)
+	b.apply(t, &a, b.World, nil)
 	if out, err := exec.Command("iptables", "-I", "FORWARD", "1", "-m", "comment", "--comment", "someone else", "-j", "ACCEPT").CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	deny := []*networkingv1.NetworkPolicy{nt.Policy("x", "deny", nil, nt.Ingress())}
-	b.apply(t, &a, b.world, deny)
+	b.apply(t, &a, b.World, deny)
 	out, _ := exec.Command("iptables", "-S", "FORWARD").Output()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(lines) < 3 || !strings.Contains(lines[1], polipt.ChainForward) {
 		t.Fatalf("FORWARD:\n%s", out)
 	}
-	b.check(t, b.world, deny, "deny in x behind an ACCEPT jump")
+	b.check(t, b.World, deny, "deny in x behind an ACCEPT jump")
 }
 
 // TestForceFullRepairsDrift: a policy chain flushed behind weft's back is
@@ -126,15 +126,15 @@ func TestForceFullRepairsDrift(t *testing.T) {
 	b := newBed(t)
 	var a polipt.Applier
 	deny := []*networkingv1.NetworkPolicy{nt.Policy("x", "deny", nil, nt.Ingress())}
-	b.apply(t, &a, b.world, deny)
-	b.check(t, b.world, deny, "deny in x")
+	b.apply(t, &a, b.World, deny)
+	b.check(t, b.World, deny, "deny in x")
 	if out, err := exec.Command("iptables", "-F", polipt.ChainIngress).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	b.check(t, b.world, nil, "after the drift (nothing enforced)")
-	b.apply(t, &a, b.world, deny) // incremental: trusts its own record
-	b.check(t, b.world, nil, "incremental apply does not look")
+	b.check(t, b.World, nil, "after the drift (nothing enforced)")
+	b.apply(t, &a, b.World, deny) // incremental: trusts its own record
+	b.check(t, b.World, nil, "incremental apply does not look")
 	a.ForceFull()
-	b.apply(t, &a, b.world, deny)
-	b.check(t, b.world, deny, "repaired")
+	b.apply(t, &a, b.World, deny)
+	b.check(t, b.World, deny, "repaired")
 }

@@ -27,19 +27,19 @@ func TestPending(t *testing.T) {
 	a4, a6 := polipt.Applier{}, polipt.Applier{Family: 6}
 	pols := []*networkingv1.NetworkPolicy{nt.Policy("x", "from-b", nt.L(nt.PodLabel, "a"),
 		nt.Ingress(nt.From(nt.Peers(nt.PodPeer(nt.L(nt.PodLabel, "b"))), nt.Port(corev1.ProtocolTCP, 80), nt.Port(corev1.ProtocolUDP, 81))))}
-	b.apply(t, &a4, b.world, pols)
-	b.apply(t, &a6, b.world, pols)
+	b.apply(t, &a4, b.World, pols)
+	b.apply(t, &a6, b.World, pols)
 	var all []netip.Addr
-	for _, s := range b.sources {
+	for _, s := range b.sources() {
 		all = append(all, s.Addrs...)
 	}
 	if err := readyset.Add(all); err != nil {
 		t.Fatal(err)
 	}
-	want := oracle.Expect(oracle.World{Namespaces: b.world.Namespaces, Policies: pols}, b.world.Pods, nt.Ports, nt.Protocols)
+	want := oracle.Expect(oracle.World{Namespaces: b.World.Namespaces, Policies: pols}, b.World.Pods, nt.Ports, nt.Protocols)
 	grid := func(want oracle.Matrix, what string) {
 		t.Helper()
-		for family, targets := range map[string]map[string]nt.Target{"IPv4": b.targets, "IPv6": b.targets6} {
+		for family, targets := range map[string]map[string]nt.Target{"IPv4": b.Targets, "IPv6": b.Targets6} {
 			if got, err := nt.WaitMatch(time.Now().Add(5*time.Second), targets, want); err != nil {
 				t.Fatalf("%s over %s: %v\n%s", what, family, err, oracle.SideBySide(want, got))
 			}
@@ -47,7 +47,7 @@ func TestPending(t *testing.T) {
 	}
 	grid(want, "every pod ready")
 
-	pending := netpoltestAddrs(b, "y/a")
+	pending := b.Addrs("y/a")
 	if err := readyset.Revoke(pending); err != nil {
 		t.Fatal(err)
 	}
@@ -69,9 +69,4 @@ func TestPending(t *testing.T) {
 	grid(want, "y/a ready again")
 	_ = a4.Cleanup()
 	_ = a6.Cleanup()
-}
-
-// netpoltestAddrs are a bed pod's addresses, both families.
-func netpoltestAddrs(b *bed, pod string) []netip.Addr {
-	return []netip.Addr{netip.MustParseAddr(b.targets[pod].IP), netip.MustParseAddr(b.targets6[pod].IP)}
 }

@@ -24,10 +24,10 @@ func TestSourceCheck(t *testing.T) {
 		nt.Ingress(nt.From(nt.Peers(nt.PodPeer(nt.L(nt.PodLabel, "b"))), nt.Port(tcp, 7777), nt.Port(tcp, 80), nt.Port(tcp, 81))))}
 	apply := func() {
 		t.Helper()
-		b.apply(t, &a4, b.world, pols)
-		b.apply(t, &a6, b.world, pols)
+		b.apply(t, &a4, b.World, pols)
+		b.apply(t, &a6, b.World, pols)
 	}
-	sink, err := nt.ListenUDP(b.targets["x/a"].NSPath, 7777)
+	sink, err := nt.ListenUDP(b.Targets["x/a"].NSPath, 7777)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestSourceCheck(t *testing.T) {
 		family  string
 		targets map[string]nt.Target
 	}
-	paths := []path{{"x/c", "IPv4", b.targets}, {"z/c", "IPv4", b.targets}, {"x/c", "IPv6", b.targets6}, {"z/c", "IPv6", b.targets6}}
+	paths := []path{{"x/c", "IPv4", b.Targets}, {"z/c", "IPv4", b.Targets}, {"x/c", "IPv6", b.Targets6}, {"z/c", "IPv6", b.Targets6}}
 	apply()
 	for _, p := range paths {
 		if !forgedArrives(p.spoofer, p.targets) {
@@ -61,7 +61,7 @@ func TestSourceCheck(t *testing.T) {
 			t.Errorf("%s: %s reached x/a with x/b's address through the source check", p.family, p.spoofer)
 		}
 	}
-	b.check(t, b.world, pols, "policy grid with the source check")
+	b.check(t, b.World, pols, "policy grid with the source check")
 	if err := a4.Cleanup(); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ package readyset
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -22,7 +21,6 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // The ready sets' names. They start with the policy backend's set
@@ -40,17 +38,18 @@ func SetName(a netip.Addr) string {
 	return Name6
 }
 
-// Revoke removes addrs from their ready sets. A set that does not exist,
-// or a kernel without ipset (NetworkPolicy is not enforced on this node),
-// or an address not in the set is no error.
+// Revoke removes addrs from their ready sets, the ipsets of the iptables
+// backend and the nftables sets of the nftables one (see nft.go). A set
+// that does not exist, or a kernel without ipset or nftables
+// (NetworkPolicy is not enforced that way on this node), or an address
+// not in the set is no error. It is OpenRevoker, Revoke and Close.
 func Revoke(addrs []netip.Addr) error {
-	for _, a := range addrs {
-		err := netlink.IpsetDel(SetName(a), entry(a))
-		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EPROTONOSUPPORT) {
-			return fmt.Errorf("removing %s from ipset %s: %w", a, SetName(a), err)
-		}
+	r, err := OpenRevoker()
+	if err != nil {
+		return err
 	}
-	return nil
+	defer r.Close()
+	return r.Revoke(addrs)
 }
 
 // Add puts addrs in their ready sets, which must exist.

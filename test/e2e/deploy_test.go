@@ -17,7 +17,7 @@ func TestDeployDryRun(t *testing.T) {
 	c := up(t, 1, "hostgw")
 	bin := binDir(t)
 	root := filepath.Dir(bin)
-	for _, dir := range []string{"deploy", "deploy/overlays/cni-only", "deploy/overlays/ebpf", "deploy/overlays/nftables"} {
+	for _, dir := range []string{"deploy", "deploy/overlays/cni-only", "deploy/overlays/ebpf", "deploy/overlays/nftables", "deploy/overlays/bgp"} {
 		out, err := exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", lab.AdminKubeconfig(c.dir),
 			"apply", "--dry-run=server", "--validate=strict", "-k", filepath.Join(root, dir)).CombinedOutput()
 		if err != nil {

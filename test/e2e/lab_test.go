@@ -50,9 +50,9 @@ func binDir(t *testing.T) string {
 		}
 	}
 	bin := filepath.Join(dir, "bin")
-	for _, b := range []string{"weftctl", "weft-agent", "weft-workload", "cni/weft", "cni/portmap", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+	for _, b := range []string{"weftctl", "weft-agent", "weft-workload", "cni/weft", "cni/portmap", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", lab.ImageArchive} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Fatalf("%s missing: run `make build kube` first", filepath.Join(bin, b))
+			t.Fatalf("%s missing: run `make build kube image` first", filepath.Join(bin, b))
 		}
 	}
 	return bin
@@ -67,11 +67,12 @@ type cluster struct {
 
 func up(t *testing.T, nodes int, mode string) *cluster {
 	t.Helper()
-	return upProxy(t, nodes, mode, "iptables")
+	return upOptions(t, lab.Options{Nodes: nodes, Routing: mode})
 }
 
-// upProxy is up with the agents' service proxy in proxyMode.
-func upProxy(t *testing.T, nodes int, mode, proxyMode string) *cluster {
+// upOptions brings a lab up with o (its directory, binaries, API port and
+// output filled in).
+func upOptions(t *testing.T, o lab.Options) *cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("lab test: skipped with -short")
@@ -80,11 +81,21 @@ func upProxy(t *testing.T, nodes int, mode, proxyMode string) *cluster {
 		t.Skip("lab test: needs root to run in a private network namespace")
 	}
 	dir := filepath.Join(t.TempDir(), "lab")
+	// Another test binary on the machine (another package, a benchmark)
+	// may hold the machine's lab.
+	turnCtx, cancelTurn := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancelTurn()
+	done, err := lab.WaitTurn(turnCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var progress strings.Builder
-	err := lab.Up(ctx, lab.Options{Nodes: nodes, Routing: mode, ProxyMode: proxyMode, Dir: dir, BinDir: binDir(t), APIPort: 6443, Out: &progress})
+	o.Dir, o.BinDir, o.APIPort, o.Out = dir, binDir(t), 6443, &progress
+	err = lab.Up(ctx, o)
 	t.Cleanup(func() {
+		defer done()
 		if t.Failed() {
 			dumpLogs(t, dir)
 		}
@@ -108,7 +119,9 @@ func upProxy(t *testing.T, nodes int, mode, proxyMode string) *cluster {
 
 func dumpLogs(t *testing.T, dir string) {
 	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
-	for _, l := range logs {
+	// weft's own pods: the containers' logs on each node.
+	pods, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "weft-system_*.log"))
+	for _, l := range append(logs, pods...) {
 		b, _ := os.ReadFile(l)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		if len(lines) > 15 {
@@ -144,7 +157,7 @@ func (c *cluster) mustCheck(t *testing.T) {
 			t.Errorf("check %s %s -> %s: %s", r.Kind, r.From, r.To, r.Detail)
 		}
 	}
-	for _, k := range []string{"pod to pod, same node", "pod to pod, other node", "node to pod", "pod to node", "pod to external (masqueraded)",
+	for _, k := range []string{"pod to pod, same node", "pod to pod, other node", "node to pod", "pod to node", "pod to external (masqueraded)", "pod to cluster DNS",
 		"pod to ClusterIP", "node to ClusterIP", "external to NodePort (SNAT)",
 		"policy: denied pod, same node", "policy: denied pod, other node", "policy: allowed pod, other node",
 		"policy: node to its isolated pod", "policy: deleted policy lifts isolation"} {
@@ -274,7 +287,11 @@ func addBadNodes(t *testing.T, c *cluster) {
 }
 
 func logged(dir, daemon, s string) bool {
-	b, _ := os.ReadFile(filepath.Join(dir, "logs", daemon+".log"))
+	path := filepath.Join(dir, "logs", daemon+".log")
+	if node, ok := strings.CutSuffix(daemon, "-agent"); ok {
+		path = lab.AgentLog(dir, node)
+	}
+	b, _ := os.ReadFile(path)
 	return strings.Contains(string(b), s)
 }
 

@@ -41,6 +41,9 @@ func newNetpolBed(t *testing.T, c *cluster, nodes int) *netpolBed {
 		if _, err := c.client.CoreV1().Namespaces().Create(ctx, n.DeepCopy(), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		if err := lab.WaitServiceAccount(ctx, c.client, n.Name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i, p := range b.world.Pods {
 		p.Spec.NodeName = fmt.Sprintf("node%d", 1+i%nodes)

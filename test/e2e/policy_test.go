@@ -12,12 +12,19 @@ import (
 )
 
 // TestNetworkPolicy runs the upstream netpol scenarios on a 3-node lab
-// (weft-agent enforcing), then 50 random policy sets: after every step the
-// full grid (9 pods × 9 pods × ports 80/81 × TCP/UDP, real packets) must
-// equal the oracle's.
+// (weft-agent enforcing with the iptables backend), then 50 random policy
+// sets: after every step the full grid (9 pods × 9 pods × ports 80/81 ×
+// TCP/UDP, real packets) must equal the oracle's.
 func TestNetworkPolicy(t *testing.T) {
 	c := up(t, 3, "hostgw")
 	c.mustCheck(t)
+	networkPolicy(t, c, 50)
+}
+
+// networkPolicy holds the scenarios, then nRandom random policy sets, and
+// the source check, on the lab c against the oracle.
+func networkPolicy(t *testing.T, c *cluster, nRandom int) {
+	t.Helper()
 	b := newNetpolBed(t, c, 3)
 	if !b.expect(t, b.world, nil, "no policy") {
 		t.FailNow()
@@ -40,7 +47,7 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Errorf("only %d scenarios ran, want at least 30", ran)
 	}
 	r := rand.New(rand.NewPCG(3, 5))
-	for i := range 50 {
+	for i := range nRandom {
 		pols := nt.Random(r, b.world)
 		b.reconcile(t, b.world, pols)
 		b.expect(t, b.world, pols, "random set "+strconv.Itoa(i))

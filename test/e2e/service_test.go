@@ -3,10 +3,15 @@ package e2e
 import (
 	"context"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -68,17 +73,67 @@ func (c *cluster) waitEndpoints(t *testing.T, svc string, ready int) {
 // TestServices runs weft's proxy (inside weft-agent) on a lab, with each
 // backend: ClusterIP from a pod and from a node, NodePort from outside, a
 // readiness flip, a Service without endpoints, a scheduled Deployment
-// behind a Service, and weftctl check.
+// behind a Service, and weftctl check. The nftables lab runs the whole
+// nftables data plane (deploy/overlays/nftables): NetworkPolicy and the
+// agent's rules too, so it also runs NetworkPolicy scenarios.
 func TestServices(t *testing.T) {
 	for _, mode := range lab.ProxyModes {
 		t.Run(mode, func(t *testing.T) {
-			c := upProxy(t, 3, "hostgw", mode)
+			var stray *exec.Cmd
+			if mode == "ebpf" {
+				stray = crashedLabCgroup(t, "node1")
+			}
+			o := lab.Options{Nodes: 3, Routing: "hostgw", ProxyMode: mode}
+			if mode == "nftables" {
+				// The nftables data plane by its own flag (weftctl lab up
+				// --dataplane nftables): the proxy mode follows.
+				o = lab.Options{Nodes: 3, Routing: "hostgw", Dataplane: "nftables"}
+			}
+			c := upOptions(t, o)
+			if stray != nil {
+				if err := stray.Wait(); err == nil {
+					t.Errorf("a crashed lab's process survived the next lab's start")
+				}
+			}
 			services(t, c)
 			c.mustCheck(t)
 			if mode == lab.ProxyModes[0] {
 				extendedResources(t, c) // the kubelet's part, the same in every mode
 			}
+			if mode == "nftables" {
+				nftablesDataplane(t, c)
+				networkPolicy(t, c, 10)
+			}
 		})
+	}
+}
+
+// nftablesDataplane checks that every node runs weft's nftables tables
+// and has no weft iptables chain.
+func nftablesDataplane(t *testing.T, c *cluster) {
+	t.Helper()
+	for _, m := range lab.NodeMembers(c.state.Members) {
+		var tables, chains []byte
+		err := netnsutil.Do(m.NSPath(), func() (err error) {
+			if tables, err = exec.Command("nft", "list", "tables").CombinedOutput(); err != nil {
+				return err
+			}
+			if _, lerr := exec.LookPath("iptables-nft-save"); lerr == nil {
+				chains, err = exec.Command("iptables-nft-save").CombinedOutput()
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%s: %v\n%s%s", m.Name, err, tables, chains)
+		}
+		for _, want := range []string{"table inet weft\n", "table inet weft-policy\n", "table bridge weft-policy\n", "table inet weft-agent\n"} {
+			if !strings.Contains(string(tables), want) {
+				t.Errorf("%s: no %q in nft list tables:\n%s", m.Name, strings.TrimSpace(want), tables)
+			}
+		}
+		if strings.Contains(string(chains), "WEFT") {
+			t.Errorf("%s: weft iptables chains on the nftables data plane:\n%s", m.Name, chains)
+		}
 	}
 }
 
@@ -105,18 +160,18 @@ func services(t *testing.T, c *cluster) {
 	vip := "http://" + svc.Spec.ClusterIP + "/"
 
 	// The proxies sync within their min-sync-period of the EndpointSlice.
+	// The bound only stops a hang: a loaded machine is slow.
 	answered := map[string]bool{}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(answered) < 2 {
-		r, err := c.fetch(clientNS, vip)
-		if err == nil {
+	for deadline := time.Now().Add(30 * time.Second); len(answered) < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("ClusterIP from a pod: answered by %v, last error %v", answered, err)
+		}
+		var r workload.Reply
+		if r, err = c.fetch(clientNS, vip); err == nil {
 			if r.Client != client.Status.PodIP {
 				t.Fatalf("%s saw %s, want the client pod's %s", r.Pod, r.Client, client.Status.PodIP)
 			}
 			answered[r.Pod] = true
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ClusterIP from a pod: answered by %v, last error %v", answered, err)
 		}
 	}
 	if _, err := c.fetch(c.node("node3").NSPath(), vip); err != nil {
@@ -170,4 +225,29 @@ func services(t *testing.T, c *cluster) {
 	t.Logf("web-2 out of rotation %v after the readiness flip (10 clean answers included)", time.Since(flipped).Round(time.Millisecond))
 
 	scheduledDeployment(t, c, clientNS)
+}
+
+// crashedLabCgroup leaves on the machine what a lab killed mid-run leaves
+// in the cgroup v2 hierarchy: a node's cgroup with a process still in it.
+// The next lab must remove both and come up.
+func crashedLabCgroup(t *testing.T, node string) *exec.Cmd {
+	t.Helper()
+	root := t.TempDir()
+	if err := unix.Mount("cgroup2", root, "cgroup2", 0, ""); err != nil {
+		t.Fatalf("mounting cgroup2: %v", err)
+	}
+	defer unix.Unmount(root, unix.MNT_DETACH)
+	g := filepath.Join(root, lab.NSPrefix+node)
+	if err := os.Mkdir(g, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	if err := os.WriteFile(filepath.Join(g, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -68,9 +69,10 @@ func forwardSignals() {
 	}()
 }
 
-// Lab is a one-node lab whose weft-agent is paused, so that its own proxy
-// neither programs the benchmark's Services nor takes CPU from the process
-// measured.
+// Lab is a one-node lab whose weft-agent is gone once the node is set up
+// (its DaemonSet selects no node any more), so that its own proxy neither
+// programs the benchmark's Services nor takes CPU from the process
+// measured; what it programmed (routes, bridge, CNI configuration) stays.
 type Lab struct {
 	Dir string
 	// Kubeconfig is the admin's, addressing the API server over the
@@ -79,27 +81,30 @@ type Lab struct {
 	// Client talks to the API server from this process (QPS 500).
 	Client kubernetes.Interface
 	Node   lab.Member
+	done   func() // gives the machine's lab turn back
 }
 
 // Up checks that binDir holds need (besides the lab's own binaries) and
 // starts the lab in a new directory. Call Down when done, also after an
 // error.
 func Up(ctx context.Context, prog, binDir string, need ...string) (*Lab, error) {
-	for _, b := range append(need, "kube-apiserver", "kube-controller-manager", "weftctl", "weft-agent") {
+	for _, b := range append(need, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "weftctl", "weft-agent", lab.ImageArchive) {
 		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
-			return nil, fmt.Errorf("%w (run `make build kube` first)", err)
+			return nil, fmt.Errorf("%w (run `make build kube image` first)", err)
 		}
 	}
-	dir, err := os.MkdirTemp("", prog)
+	done, err := lab.WaitTurn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{Dir: dir}
+	dir, err := os.MkdirTemp("", prog)
+	if err != nil {
+		done()
+		return nil, err
+	}
+	l := &Lab{Dir: dir, done: done}
 	if err := lab.Up(ctx, lab.Options{Nodes: 1, Routing: "hostgw", Dir: dir, BinDir: binDir, APIPort: lab.APIServerPort, Out: os.Stdout}); err != nil {
 		return l, err
-	}
-	if pid, ok := lab.PID(dir, "node1-agent"); ok {
-		_ = syscall.Kill(pid, syscall.SIGSTOP)
 	}
 	l.Kubeconfig = filepath.Join(dir, "bench.kubeconfig")
 	admin, err := os.ReadFile(lab.AdminKubeconfig(dir))
@@ -125,27 +130,39 @@ func Up(ctx context.Context, prog, binDir string, need ...string) (*Lab, error) 
 	for _, m := range lab.NodeMembers(st.Members) {
 		l.Node = m
 	}
-	return l, nil
+	return l, l.stopAgent(ctx, st)
 }
 
-// Down resumes the agent (so it can stop) and removes the lab.
+// stopAgent takes weft-agent off the node and waits until it stopped.
+func (l *Lab) stopAgent(ctx context.Context, st *lab.State) error {
+	patch := `{"spec":{"template":{"spec":{"nodeSelector":{"weft.dev/benchmark":"no-agent"}}}}}`
+	if _, err := lab.Kubectl(ctx, st, "-n", "weft-system", "patch", "daemonset", "weft-agent", "-p", patch); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if _, ok := lab.PID(l.Dir, l.Node.Name+"-agent"); !ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("weft-agent still runs on %s after 60s", l.Node.Name)
+}
+
+// Down removes the lab.
 func (l *Lab) Down() error {
 	if l == nil {
 		return nil
 	}
-	if pid, ok := lab.PID(l.Dir, "node1-agent"); ok {
-		_ = syscall.Kill(pid, syscall.SIGCONT)
-	}
+	defer l.done()
 	return lab.Down(l.Dir)
 }
 
 // EnsureNamespace creates namespace ns unless it exists.
 func EnsureNamespace(ctx context.Context, c kubernetes.Interface, ns string) error {
 	_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		return nil
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
 	}
-	return err
+	return lab.WaitServiceAccount(ctx, c, ns)
 }
 
 // Workers is how many objects Parallel creates at a time.

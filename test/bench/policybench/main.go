@@ -2,11 +2,11 @@
 //
 //   - compile: policy.Compile over -policies policies and -pods pods
 //     (median of -runs);
-//   - render: policy/iptables.Render of the result for a node holding every
-//     pod (the worst case for one node);
-//   - apply: the first Applier.Apply into an empty kernel (ipsets + one
-//     iptables-restore), then an apply after one policy edit and after one
-//     pod relabel (medians);
+//   - render: each backend's Render (policy/iptables, policy/nftables) of
+//     the result for a node holding every pod (the worst case for one node);
+//   - apply: the first Applier.Apply into an empty kernel (iptables: ipsets
+//   - one iptables-restore; nftables: one nft transaction), then an apply
+//     after one policy edit and after one pod relabel (medians);
 //   - connection rate through an isolated pod (sequential TCP connections,
 //     each a NEW conntrack entry walking the policy chains) with no policy,
 //     with 1 policy, and with -policies policies all selecting that pod and
@@ -19,7 +19,7 @@
 //
 // Usage (root, repository root):
 //
-//	go run ./test/bench/policybench [-policies 1000] [-pods 2000] [-conns 3000] [-runs 5]
+//	go run ./test/bench/policybench [-policies 1000] [-pods 2000] [-conns 3000] [-runs 5] [-backends iptables,nftables]
 //
 // Everything runs in a private network and mount namespace
 // (netnsutil.Isolate).
@@ -39,8 +39,9 @@ func main() {
 	nPods := flag.Int("pods", 2000, "pods")
 	conns := flag.Int("conns", 3000, "TCP connections per rate measurement")
 	runs := flag.Int("runs", 5, "repetitions (medians are reported)")
+	names := flag.String("backends", "iptables,nftables", "policy backends measured, comma-separated: iptables, nftables")
 	flag.Parse()
-	benchlab.Main("policybench", func(context.Context) error { return run(*nPol, *nPods, *conns, *runs) })
+	benchlab.Main("policybench", func(context.Context) error { return run(*nPol, *nPods, *conns, *runs, *names) })
 }
 
 func median(d []time.Duration) time.Duration {

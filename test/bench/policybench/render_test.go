@@ -5,6 +5,7 @@ import (
 
 	"github.com/weftnet/weft/policy"
 	polipt "github.com/weftnet/weft/policy/iptables"
+	polnft "github.com/weftnet/weft/policy/nftables"
 )
 
 func BenchmarkRender(b *testing.B) {
@@ -13,5 +14,14 @@ func BenchmarkRender(b *testing.B) {
 	d := policy.Compile(in)
 	for b.Loop() {
 		polipt.Render(d, polipt.Config{NodeName: nodeName})
+	}
+}
+
+func BenchmarkRenderNFTables(b *testing.B) {
+	in := world(2000)
+	in.Policies = scalePolicies(1000)
+	d := policy.Compile(in)
+	for b.Loop() {
+		polnft.Render(d, polnft.Config{NodeName: nodeName})
 	}
 }

@@ -2,47 +2,56 @@ package main
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/weftnet/weft/policy"
-	polipt "github.com/weftnet/weft/policy/iptables"
 )
 
-func run(nPol, nPods, conns, runs int) error {
+func run(nPol, nPods, conns, runs int, names string) error {
+	bs, err := backends(names)
+	if err != nil {
+		return err
+	}
 	in := world(nPods)
 	in.Policies = scalePolicies(nPol)
-	fmt.Printf("policybench: %d policies, %d pods (all on this node), %d runs\n\n", nPol, nPods, runs)
+	fmt.Printf("policybench: %d policies, %d pods (all on this node), %d runs, backends %s\n\n", nPol, nPods, runs, names)
 
-	var compile, render []time.Duration
+	var compile []time.Duration
 	var d policy.Desired
-	var rs *polipt.Ruleset
 	for range runs {
 		t0 := time.Now()
 		d = policy.Compile(in)
 		compile = append(compile, time.Since(t0))
-		t0 = time.Now()
-		rs = polipt.Render(d, polipt.Config{NodeName: nodeName})
+	}
+	fmt.Printf("compiled: %d isolated pods, %d sets\n", len(d.Pods), len(d.Sets))
+	fmt.Printf("%-52s %12s\n", "compile (median)", median(compile).Round(time.Microsecond))
+	for _, b := range bs {
+		if err := scale(b, in, runs); err != nil {
+			return fmt.Errorf("%s: %w", b.name(), err)
+		}
+	}
+	return rates(bs, nPol, nPods, conns, runs)
+}
+
+// scale measures render and apply of the scale world for one backend: the
+// first apply into an empty kernel, then an apply after one policy edit
+// and after one pod relabel (medians).
+func scale(b backend, in policy.Input, runs int) error {
+	var render, full, edit, relabel []time.Duration
+	var r rendered
+	d := policy.Compile(in)
+	for range runs {
+		t0 := time.Now()
+		r = b.render(d)
 		render = append(render, time.Since(t0))
 	}
-	rules, members := 0, 0
-	for _, c := range rs.Chains {
-		rules += len(c.Rules)
-	}
-	for _, s := range rs.Sets {
-		members += len(s.Members)
-	}
-	fmt.Printf("compiled: %d isolated pods, %d sets; rendered: %d chains, %d rules, %d ipsets with %d members\n",
-		len(d.Pods), len(d.Sets), len(rs.Chains), rules, len(rs.Sets), members)
-
-	var full, edit, relabel []time.Duration
+	fmt.Printf("\n%s: rendered %s\n", b.name(), r.describe())
 	for i := range runs {
-		a := &polipt.Applier{}
-		if err := a.Cleanup(); err != nil {
+		if err := b.cleanup(); err != nil {
 			return err
 		}
 		t0 := time.Now()
-		if _, err := a.Apply(rs); err != nil {
+		if err := b.apply(r); err != nil {
 			return fmt.Errorf("full apply: %w", err)
 		}
 		full = append(full, time.Since(t0))
@@ -51,10 +60,9 @@ func run(nPol, nPods, conns, runs int) error {
 		orig := p.DeepCopy()
 		p.Spec.Ingress[0].Ports[0].Port.IntVal, p.Spec.Ingress[0].Ports[0].Port.Type = 8080, 0
 		p.Spec.Ingress[0].Ports[0].Port.StrVal = ""
-		d2 := policy.Compile(in)
-		rs2 := polipt.Render(d2, polipt.Config{NodeName: nodeName})
+		r2 := b.render(policy.Compile(in))
 		t0 = time.Now()
-		if _, err := a.Apply(rs2); err != nil {
+		if err := b.apply(r2); err != nil {
 			return fmt.Errorf("apply after an edit: %w", err)
 		}
 		edit = append(edit, time.Since(t0))
@@ -63,24 +71,28 @@ func run(nPol, nPods, conns, runs int) error {
 		pod := in.Pods[i]
 		old := pod.Labels["role"]
 		pod.Labels["role"] = "moved"
-		rs3 := polipt.Render(policy.Compile(in), polipt.Config{NodeName: nodeName})
+		r3 := b.render(policy.Compile(in))
 		t0 = time.Now()
-		if _, err := a.Apply(rs3); err != nil {
+		if err := b.apply(r3); err != nil {
 			return fmt.Errorf("apply after a relabel: %w", err)
 		}
 		relabel = append(relabel, time.Since(t0))
 		pod.Labels["role"] = old
 	}
-	fmt.Printf("\n%-52s %12s\n", "step (median)", "time")
-	fmt.Printf("%-52s %12s\n", "compile", median(compile).Round(time.Microsecond))
+	fmt.Printf("%-52s %12s\n", b.name()+": step (median)", "time")
 	fmt.Printf("%-52s %12s\n", "render", median(render).Round(time.Microsecond))
-	fmt.Printf("%-52s %12s\n", "apply, first (ipset restore + iptables-restore)", median(full).Round(time.Microsecond))
+	fmt.Printf("%-52s %12s\n", "apply, first ("+b.applyWhat()+")", median(full).Round(time.Microsecond))
 	fmt.Printf("%-52s %12s\n", "apply, one policy edited", median(edit).Round(time.Microsecond))
 	fmt.Printf("%-52s %12s\n", "apply, one pod relabelled", median(relabel).Round(time.Microsecond))
-	if err := (&polipt.Applier{}).Cleanup(); err != nil {
-		return err
-	}
+	return b.cleanup()
+}
 
+// rates measures the connection rate through an isolated pod (sequential
+// TCP connections, each a NEW conntrack entry walking the policy rules)
+// with no policy, 1 policy, nPol policies and the worst case, for every
+// backend, interleaved so that load from other processes on the machine
+// hits every case alike.
+func rates(bs []backend, nPol, nPods, conns, runs int) error {
 	b, err := newConnBed()
 	if err != nil {
 		return err
@@ -88,50 +100,49 @@ func run(nPol, nPods, conns, runs int) error {
 	defer b.close()
 	type rateCase struct {
 		name    string
+		be      backend
 		n       int // policies selecting the server; 0: none
 		ports   bool
-		rs      *polipt.Ruleset
-		chain   int
+		r       rendered
 		samples []float64
 	}
-	cases := []*rateCase{{name: "no policy"}, {name: "1 policy", n: 1}, {name: fmt.Sprintf("%d policies", nPol), n: nPol},
-		{name: fmt.Sprintf("%d policies, each its own port (worst case)", nPol), n: nPol, ports: true}}
-	for _, c := range cases {
-		w := world(nPods)
-		if c.n > 0 {
-			w.Policies = serverPolicies(c.n, c.ports)
-		}
-		c.rs = polipt.Render(policy.Compile(w), polipt.Config{NodeName: nodeName})
-		for _, ch := range c.rs.Chains {
-			if strings.HasPrefix(ch.Name, "WEFT-POL-I-") {
-				c.chain = len(ch.Rules)
+	var cases []*rateCase
+	for _, be := range bs {
+		for _, c := range []*rateCase{{name: "no policy"}, {name: "1 policy", n: 1}, {name: fmt.Sprintf("%d policies", nPol), n: nPol},
+			{name: fmt.Sprintf("%d policies, each its own port (worst case)", nPol), n: nPol, ports: true}} {
+			c.be = be
+			w := world(nPods)
+			if c.n > 0 {
+				w.Policies = serverPolicies(c.n, c.ports)
 			}
+			c.r = be.render(policy.Compile(w))
+			cases = append(cases, c)
 		}
 	}
-	// Interleaved (none, 1, N, none, 1, N, ...) so that load from other
-	// processes on the machine hits every case alike.
-	a := &polipt.Applier{}
 	for range runs {
 		for _, c := range cases {
-			if _, err := a.Apply(c.rs); err != nil {
+			if err := c.be.apply(c.r); err != nil {
 				return err
 			}
 			r, err := b.rate(conns)
 			if err != nil {
-				return fmt.Errorf("%s: %w", c.name, err)
+				return fmt.Errorf("%s %s: %w", c.be.name(), c.name, err)
 			}
 			c.samples = append(c.samples, r)
+			if err := c.be.cleanup(); err != nil { // the next case may be the other backend's
+				return err
+			}
 		}
 	}
-	if err := a.Cleanup(); err != nil {
-		return err
-	}
-	fmt.Printf("\n%-52s %12s %8s\n", "TCP connections/s through the server pod", "median", "chain")
+	fmt.Printf("\n%-62s %10s %6s\n", "TCP connections/s through the server pod", "median", "chain")
 	for _, c := range cases {
-		fmt.Printf("%-52s %12.0f %8d\n", c.name, medianF(c.samples), c.chain)
+		fmt.Printf("%-62s %10.0f %6d\n", c.be.name()+": "+c.name, medianF(c.samples), c.r.path())
 	}
-	none, one, many, worst := medianF(cases[0].samples), medianF(cases[1].samples), medianF(cases[2].samples), medianF(cases[3].samples)
-	fmt.Printf("\nratio %d policies : 1 policy = %.2f (1.00 is flat); 1 policy : none = %.2f; worst case : 1 policy = %.2f\n",
-		nPol, many/one, one/none, worst/one)
+	for i, be := range bs {
+		cs := cases[4*i : 4*i+4]
+		none, one, many, worst := medianF(cs[0].samples), medianF(cs[1].samples), medianF(cs[2].samples), medianF(cs[3].samples)
+		fmt.Printf("%s: ratio %d policies : 1 policy = %.2f (1.00 is flat); 1 policy : none = %.2f; worst case : 1 policy = %.2f\n",
+			be.name(), nPol, many/one, one/none, worst/one)
+	}
 	return nil
 }
