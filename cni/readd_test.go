@@ -198,3 +198,62 @@ func waitReaperIdle(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestDelTrustsRootReaperOnly: a process that is not root listening on the
+// reaper's name first (abstract names have no permissions) is not asked to
+// delete anything, so its "ok" cannot leave the pair in the pod namespace:
+// DEL deletes the pair itself.
+func TestDelTrustsRootReaperOnly(t *testing.T) {
+	e := newEnv(t)
+	list := e.list("1.1.0", "squat", e.weft(subnet(podCIDR)))
+	a := e.pod()
+	e.add(list, a)
+	for _, pid := range reapers(t) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		waitGone(t, pid)
+	}
+	// The name is free once the killed reaper's socket is released, which
+	// the kernel may finish a moment after the process is gone.
+	var ln net.Listener
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err = asUID(65534, func() (err error) {
+			ln, err = net.Listen("unix", "@weft-cni-reaper")
+			return err
+		})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dialled := make(chan struct{}, 1)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case dialled <- struct{}{}:
+			default:
+			}
+			_, _ = conn.Write([]byte("ok\n"))
+			_ = conn.Close()
+		}
+	}()
+	e.del(list, a)
+	select {
+	case <-dialled:
+	default:
+		t.Fatal("DEL never dialled the reaper's name: the squatter listens on the wrong one")
+	}
+	if l := podLinks(t, a.NetNS); len(l) != 0 {
+		t.Fatalf("pod namespace after DEL holds %v: the squatter's answer was believed", l)
+	}
+	if v := e.hostVeths(); len(v) != 0 {
+		t.Fatalf("bridge ports after DEL: %v", v)
+	}
+}

@@ -136,15 +136,30 @@ func linkIndex(name string) (int, error) {
 }
 
 // dialReaper connects to the node's reaper, starting one if none answers.
+// Only a reaper whose socket root created is used: an abstract name has no
+// permissions, so any process in the node's namespace could listen on it
+// first and answer "ok" without deleting anything.
 func dialReaper() (net.Conn, error) {
-	if conn, err := net.Dial("unix", reaperSocket); err == nil {
+	if conn, err := dialRootReaper(); err == nil {
 		return conn, nil
 	}
 	if err := spawnReaper(); err != nil {
 		return nil, err
 	}
 	// The new reaper, or another DEL's that won the socket, serves now.
-	return net.Dial("unix", reaperSocket)
+	return dialRootReaper()
+}
+
+func dialRootReaper() (*net.UnixConn, error) {
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: reaperSocket, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	if !rootPeer(conn) {
+		_ = conn.Close()
+		return nil, fmt.Errorf("the process listening on %s is not root", reaperSocket)
+	}
+	return conn, nil
 }
 
 // spawnReaper starts `weft reap-veth`, detached, and returns once it

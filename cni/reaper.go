@@ -146,6 +146,8 @@ func answer(conn net.Conn, err error) {
 	fmt.Fprintln(conn, "ok")
 }
 
+// rootPeer tells whether the process at the other end of conn is root: the
+// one that connected, for a server, or the one that listened, for a client.
 func rootPeer(conn *net.UnixConn) bool {
 	raw, err := conn.SyscallConn()
 	if err != nil {
