@@ -26,6 +26,9 @@ import (
 // is this test binary, told by helperEnv what to be.
 const helperEnv = "WEFT_BGP_HELPER"
 
+// helperResyncEnv, if set, is a node helper's controller resync period.
+const helperResyncEnv = "WEFT_BGP_HELPER_RESYNC"
+
 // nodeState is what a node helper reads: the API view and the ConfigMap.
 type nodeState struct {
 	Self         string
@@ -87,7 +90,8 @@ func runHelper(kind, stateFile, statusFile string) int {
 	due := false
 	switch kind {
 	case "node":
-		c := bgp.NewController(bgp.ControllerOptions{Log: log})
+		resync, _ := time.ParseDuration(os.Getenv(helperResyncEnv))
+		c := bgp.NewController(bgp.ControllerOptions{Log: log, Resync: resync})
 		done := make(chan struct{})
 		go func() { c.Run(ctx); close(done) }()
 		for {

@@ -93,6 +93,9 @@ type worldSpec struct {
 	podCIDRs func(i int) []netip.Prefix
 	// router is router j's plan (default writeRouter's, for the tests).
 	router func(j int) bgp.Plan
+	// resync is the nodes' controller resync period (default the
+	// controller's).
+	resync time.Duration
 }
 
 type world struct {
@@ -390,6 +393,9 @@ func (w *world) writeJSON(path string, v any) {
 func (w *world) start(p *proc, kind string) {
 	w.t.Helper()
 	cmd := helperCmd(kind, p.state, p.status)
+	if w.resync != 0 {
+		cmd.Env = append(cmd.Env, helperResyncEnv+"="+w.resync.String())
+	}
 	w.do(p.ns, cmd.Start)
 	p.cmd = cmd
 	w.t.Cleanup(func() { w.kill(p) })
@@ -708,4 +714,21 @@ func TestRacks(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestResyncRepairs: a route of weft's deleted by hand comes back at the
+// next resync, though nothing changed in BGP (two nodes, nothing else
+// talking).
+func TestResyncRepairs(t *testing.T) {
+	w := newWorld(t, worldSpec{size: 2, resync: 2 * time.Second,
+		config: func(string) string { return fmt.Sprintf("asn: %d\n", clusterASN) }})
+	w.wantRoutes(1, nodeRoutes(2)...)
+	p := podCIDR4(2)
+	w.do(w.nodes[1].ns, func() error {
+		return netlink.RouteDel(&netlink.Route{Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}, Protocol: bgp.RouteProtocol})
+	})
+	if got := show(w.routes(w.nodes[1].ns)); strings.Contains(got, p.String()) {
+		t.Fatalf("node-1 still routes %s after its deletion: %s", p, got)
+	}
+	w.wantRoutes(1, nodeRoutes(2)...)
 }

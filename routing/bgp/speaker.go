@@ -145,13 +145,19 @@ func (sp *Speaker) start(ctx context.Context, p Plan) error {
 			up := ev.Peer.State.SessionState == bgp.BGP_FSM_ESTABLISHED
 			sp.mu.Lock()
 			st := sp.state[addr]
-			if up != st.established || st.eor == nil {
+			changed := up != st.established || st.eor == nil
+			if changed {
 				st = peerState{established: up, eor: map[bgp.Family]bool{}}
 			}
 			sp.state[addr] = st
 			sp.mu.Unlock()
 			sp.opts.Log.Info("BGP session", "peer", addr, "state", ev.Peer.State.SessionState.String())
-			sp.poke()
+			// Only a session going up or down matters to the routes: a
+			// peer that cannot be reached cycles through the other states
+			// at every retry.
+			if changed {
+				sp.poke()
+			}
 		},
 	}, server.WatchBestPath(false), server.WatchEor(false), server.WatchPeer()); err != nil {
 		sp.s.Stop()
