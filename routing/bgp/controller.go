@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 )
@@ -85,26 +84,13 @@ func (c *Controller) Run(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	lastFull := time.Now()
-	// What the kernel should hold is Select(RIB, plan's import policy).
-	// A RIB change (or the resync) lists the RIB again; a new input only
-	// selects again from the paths last listed, and touches the kernel
-	// only if the selection changed: a Node update elsewhere in the
-	// cluster, which every node sees, mostly changes nothing here.
-	//
-	// Installs follow with a bounded duty cycle: after one that took d,
-	// the next waits until 4d have passed. Every update a peer sends
-	// pokes, and each RIB listing holds the speaker's main loop: a
-	// reflector passing on a thousand routes would make each client list
-	// and install a thousand times. A lone change is still installed at
-	// once.
-	var (
-		next      time.Time
-		ribDirty  = true
-		reselect  bool
-		cands     []Candidate
-		installed []Route
-		synced    bool // installed is what the kernel holds
-	)
+	// Installs follow the RIB with a bounded duty cycle: after one that
+	// took d, the next waits until 4d have passed. Every update a peer
+	// sends pokes, and each install lists the whole RIB (holding the
+	// speaker's main loop) and the kernel's routes: a reflector passing on
+	// a thousand routes would make each client do that a thousand times.
+	// A lone change is still installed at once.
+	var next time.Time
 	later := time.NewTimer(time.Hour)
 	later.Stop()
 	for {
@@ -116,17 +102,16 @@ func (c *Controller) Run(ctx context.Context) {
 			return
 		case <-c.updates:
 			c.applyInput(ctx)
-			reselect = true
 		case <-c.sp.Changes():
-			ribDirty = true
 		case <-later.C:
 		case <-tick.C:
 			// Once settled, the tick only matters for the periodic resync,
-			// which also retries what the last plan could not apply and
-			// repairs routes changed behind weft's back.
-			if settled && time.Since(lastFull) >= c.o.Resync {
+			// which also retries what the last plan could not apply.
+			if settled && time.Since(lastFull) < c.o.Resync {
+				continue
+			}
+			if settled {
 				c.applyInput(ctx)
-				ribDirty = true
 			}
 		}
 		c.mu.Lock()
@@ -137,36 +122,14 @@ func (c *Controller) Run(ctx context.Context) {
 		}
 		if !settled && (c.sp.Converged(plan, time.Since(start) > c.o.PeerWait) || time.Since(start) > c.o.Settle) {
 			settled = true
-			ribDirty = true // the install that prunes stale routes
 			c.o.Log.Info("BGP: converged after start", "after", time.Since(start).Round(time.Millisecond))
-		}
-		if !ribDirty && !reselect {
-			continue
-		}
-		if !ribDirty && synced && slices.EqualFunc(Select(cands, plan.Import), installed, Route.Equal) {
-			reselect = false
-			continue
 		}
 		if wait := time.Until(next); wait > 0 {
 			later.Reset(wait)
 			continue
 		}
 		t0 := time.Now()
-		if ribDirty {
-			listed, err := c.sp.Candidates()
-			if err != nil {
-				// Kept dirty: the next tick tries again.
-				c.o.Log.Error("BGP: reading the RIB", "err", err)
-				continue
-			}
-			cands = listed
-		}
-		installed = Select(cands, plan.Import)
-		err := c.o.FIB.Sync(installed, settled)
-		if err != nil {
-			c.o.Log.Error("BGP: installing routes", "err", err)
-		}
-		synced, ribDirty, reselect = err == nil, false, false
+		c.install(plan, settled)
 		lastFull = time.Now()
 		next = lastFull.Add(4 * lastFull.Sub(t0))
 	}
@@ -195,4 +158,16 @@ func (c *Controller) applyInput(ctx context.Context) {
 	c.mu.Lock()
 	c.plan = plan
 	c.mu.Unlock()
+}
+
+func (c *Controller) install(plan Plan, prune bool) {
+	cands, err := c.sp.Candidates()
+	if err != nil {
+		c.o.Log.Error("BGP: reading the RIB", "err", err)
+		return
+	}
+	routes := Select(cands, plan.Import)
+	if err := c.o.FIB.Sync(routes, prune); err != nil {
+		c.o.Log.Error("BGP: installing routes", "err", err)
+	}
 }

@@ -4,14 +4,12 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
 	"net/netip"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -60,8 +58,10 @@ func torPrefix(n int) netip.Prefix {
 // installed them).
 //
 // The node processes read their API view when its file changes (inotify,
-// as an agent's informer tells it); the benchmark follows the kernels'
-// route announcements (see kernels).
+// as an agent's informer tells it); the benchmark reads the kernels with
+// one netlink route dump per namespace still waiting, in sweeps (sweep-ms:
+// their mean duration): a time is late by at most one sweep plus a 2 ms
+// pause.
 // One run is the whole experiment: run it with -benchtime=1x.
 func BenchmarkConvergence(b *testing.B) {
 	rr := map[string]string{"rr": "true"}
@@ -167,7 +167,7 @@ func BenchmarkConvergence(b *testing.B) {
 	report("install", install)
 	report("delete", del)
 	b.ReportMetric(ms(percentile(rejoin, 50)), "rejoin-median-ms")
-	b.Logf("rejoin: median %s", percentile(rejoin, 50))
+	b.Logf("rejoin: median %s; kernel reads: %d sweeps of %s on average", percentile(rejoin, 50), k.sweeps, k.meanSweep())
 	client, reflector := w.nodes[convergenceNodes], w.nodes[1]
 	b.ReportMetric(mib(peakRSS(b, client)), "rss-client-100-MiB")
 	b.ReportMetric(mib(peakRSS(b, reflector)), "rss-reflector-100-MiB")
@@ -183,119 +183,83 @@ func BenchmarkConvergence(b *testing.B) {
 	b.ReportMetric(mib(peakRSS(b, reflector)), "rss-reflector-1000-MiB")
 
 	b.ReportMetric(ms(tor1000), "tor-ms")
+	b.ReportMetric(ms(k.meanSweep()), "sweep-ms")
 }
 
-// kernels follows the nodes' weft BGP routes (IPv4, main table) from the
-// kernels' own announcements: one route subscription per node namespace,
-// each update stamped on arrival. Polling with route dumps would take CPU
-// from the speakers it measures, which share the machine's cores.
+// kernels reads the nodes' weft BGP routes, one netlink handle per node
+// namespace kept open.
 type kernels struct {
-	mu      sync.Mutex
-	routes  map[int]map[netip.Prefix]netlink.Route
-	at      map[int]time.Time // when each node's routes last changed
-	changed chan struct{}
-	err     error
+	h      map[int]*netlink.Handle
+	sweeps int
+	spent  time.Duration
 }
 
 func (w *world) kernels() *kernels {
 	w.t.Helper()
-	k := &kernels{routes: map[int]map[netip.Prefix]netlink.Route{}, at: map[int]time.Time{}, changed: make(chan struct{}, 1)}
-	done := make(chan struct{})
-	w.t.Cleanup(func() { close(done) })
+	k := &kernels{h: map[int]*netlink.Handle{}}
 	for i, p := range w.nodes {
 		ns, err := netns.GetFromPath(p.ns)
 		if err != nil {
 			w.t.Fatal(err)
 		}
-		ch := make(chan netlink.RouteUpdate, 1024)
-		k.routes[i] = map[netip.Prefix]netlink.Route{}
-		err = netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{
-			Namespace: &ns, ListExisting: true, ReceiveBufferSize: 8 << 20, ReceiveBufferForceSize: true,
-			ErrorCallback: func(err error) { k.fail(fmt.Errorf("%s: route subscription: %w", nodeName(i), err)) },
-		})
+		h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 		ns.Close()
 		if err != nil {
-			w.t.Fatalf("route subscription in %s: %v", p.ns, err)
+			w.t.Fatalf("netlink in %s: %v", p.ns, err)
 		}
-		go k.follow(i, ch)
+		k.h[i] = h
 	}
+	w.t.Cleanup(func() {
+		for _, h := range k.h {
+			h.Close()
+		}
+	})
 	return k
 }
 
-// follow applies node i's route updates as they arrive.
-func (k *kernels) follow(i int, ch <-chan netlink.RouteUpdate) {
-	for u := range ch {
-		if u.Protocol != bgp.RouteProtocol || u.Table != unix.RT_TABLE_MAIN || u.Family != netlink.FAMILY_V4 {
-			continue
-		}
-		now := time.Now()
-		dst := nlutil.RouteDst(u.Route)
-		k.mu.Lock()
-		if u.Type == unix.RTM_DELROUTE {
-			delete(k.routes[i], dst)
-		} else {
-			k.routes[i][dst] = u.Route
-		}
-		k.at[i] = now
-		k.mu.Unlock()
-		k.poke()
-	}
-}
-
-func (k *kernels) fail(err error) {
-	k.mu.Lock()
-	if k.err == nil {
-		k.err = err
-	}
-	k.mu.Unlock()
-	k.poke()
-}
-
-func (k *kernels) poke() {
-	select {
-	case k.changed <- struct{}{}:
-	default:
-	}
-}
-
-// until waits until cond holds for each of nodes and returns when the last
-// one started to: the arrival of the update after which cond held (late by
-// at most the time updates take to be read).
+// until reads the kernels of nodes until cond holds for each (each read
+// once per sweep until it does) and returns when the last one did.
 func (k *kernels) until(b *testing.B, nodes []int, within time.Duration, cond func(i int, rs []netlink.Route) bool) time.Time {
 	b.Helper()
 	pending := slices.Clone(nodes)
-	timeout := time.After(within)
+	deadline := time.Now().Add(within)
 	var last time.Time
-	for {
-		k.mu.Lock()
-		if k.err != nil {
-			k.mu.Unlock()
-			b.Fatal(k.err)
+	for len(pending) > 0 {
+		t0 := time.Now()
+		var still []int
+		for _, i := range pending {
+			rs, err := nlutil.Dump("bgp routes", func() ([]netlink.Route, error) {
+				return k.h[i].RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: bgp.RouteProtocol, Table: unix.RT_TABLE_MAIN},
+					netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+			})
+			if err != nil {
+				b.Fatalf("%s: %v", nodeName(i), err)
+			}
+			if cond(i, rs) {
+				last = time.Now()
+			} else {
+				still = append(still, i)
+			}
 		}
-		pending = slices.DeleteFunc(pending, func(i int) bool {
-			if !cond(i, slices.Collect(maps.Values(k.routes[i]))) {
-				return false
-			}
-			if k.at[i].After(last) {
-				last = k.at[i]
-			}
-			return true
-		})
-		k.mu.Unlock()
+		k.sweeps++
+		k.spent += time.Since(t0)
+		pending = still
 		if len(pending) == 0 {
-			return last
+			break
 		}
-		select {
-		case <-k.changed:
-		case <-timeout:
+		if time.Now().After(deadline) {
 			names := make([]string, 0, len(pending))
 			for _, i := range pending {
 				names = append(names, nodeName(i))
 			}
 			b.Fatalf("not there after %s on %d nodes: %s", within, len(pending), strings.Join(names, " "))
 		}
+		time.Sleep(2 * time.Millisecond)
 	}
+	return last
 }
+
+func (k *kernels) meanSweep() time.Duration { return k.spent / time.Duration(max(k.sweeps, 1)) }
 
 // peakRSS is the process's VmHWM in bytes.
 func peakRSS(b *testing.B, p *proc) float64 {

@@ -66,9 +66,6 @@ type Route struct {
 	NextHops []netip.Addr // sorted, distinct
 }
 
-// Equal reports whether r and o are the same route.
-func (r Route) Equal(o Route) bool { return r.Dst == o.Dst && slices.Equal(r.NextHops, o.NextHops) }
-
 // Select picks, for each prefix, the accepted paths that are best and
 // equal (highest local preference, then shortest AS path, lowest origin,
 // lowest MED) and returns one route per prefix with all their next hops:

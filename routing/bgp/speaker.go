@@ -175,10 +175,13 @@ func (sp *Speaker) Stop(ctx context.Context, graceful bool) {
 	if !sp.running {
 		return
 	}
+	// StopBgp ends the server's loop too; BgpServer.Stop would stop it a
+	// second time (and log that it was not running), so it is only the
+	// fallback.
 	if err := sp.s.StopBgp(ctx, &api.StopBgpRequest{AllowGracefulRestart: graceful}); err != nil {
 		sp.opts.Log.Warn("stopping the BGP speaker", "err", err)
+		sp.s.Stop()
 	}
-	sp.s.Stop()
 	sp.running = false
 	sp.mu.Lock()
 	sp.state = map[netip.Addr]peerState{}
