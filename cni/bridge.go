@@ -83,18 +83,12 @@ func nodeBridge(host *rtnl, name string, mtu int, leases []ipam.Lease) (rtLink, 
 // holds every lease's gateway, and returns it if so. Any failure to tell
 // is a no.
 func bridgeReady(host *rtnl, name string, leases []ipam.Lease) (rtLink, bool) {
-	var br rtLink
-	var perr error
-	errs, err := host.exchange(func(_ int, typ uint16, body []byte) {
-		if typ == unix.RTM_NEWLINK {
-			br, perr = parseLink(body)
-		}
-	}, getLinkMsg(name))
-	if err != nil || errs[0] != nil || perr != nil || br.kind != "bridge" || br.flags&unix.IFF_UP == 0 {
+	br, found, err := host.getLink(getLinkMsg(name))
+	if err != nil || !found || br.kind != "bridge" || br.flags&unix.IFF_UP == 0 {
 		return rtLink{}, false
 	}
 	var have []netip.Addr
-	errs, err = host.exchange(func(_ int, typ uint16, body []byte) {
+	errs, err := host.exchange(func(_ int, typ uint16, body []byte) {
 		if typ != unix.RTM_NEWADDR {
 			return
 		}

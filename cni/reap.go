@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 )
@@ -117,20 +115,12 @@ func linkIndex(name string) (int, error) {
 		return 0, err
 	}
 	defer h.close()
-	var link rtLink
-	var perr error
-	errs, err := h.exchange(func(_ int, typ uint16, body []byte) {
-		if typ == unix.RTM_NEWLINK {
-			link, perr = parseLink(body)
-		}
-	}, getLinkMsg(name))
+	link, found, err := h.getLink(getLinkMsg(name))
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("looking up %s: %w", name, err)
-	case isNotFound(errs[0]):
+	case !found:
 		return 0, nil
-	case errs[0] != nil || perr != nil:
-		return 0, fmt.Errorf("looking up %s: %w", name, errors.Join(errs[0], perr))
 	}
 	return link.index, nil
 }

@@ -285,22 +285,13 @@ func (d *deletions) remove(name string, idx int, gone func()) error {
 		return fmt.Errorf("reap: %w", err)
 	}
 	defer h.close()
-	var link rtLink
-	var perr error
-	errs, err := h.exchange(func(_ int, typ uint16, body []byte) {
-		if typ == unix.RTM_NEWLINK {
-			link, perr = parseLink(body)
-		}
-	}, getLinkByIndexMsg(idx))
-	if err != nil {
-		return fmt.Errorf("reap: looking up %s: %w", name, err)
-	}
+	link, found, err := h.getLink(getLinkByIndexMsg(idx))
 	switch {
-	case isNotFound(errs[0]):
+	case err != nil:
+		return fmt.Errorf("reap: looking up %s: %w", name, err)
+	case !found:
 		gone()
 		return nil
-	case errs[0] != nil || perr != nil:
-		return fmt.Errorf("reap: looking up %s: %w", name, errors.Join(errs[0], perr))
 	}
 	if link.name != name || link.kind != "veth" {
 		gone() // the index is another link's now: that pair is gone

@@ -215,6 +215,26 @@ type rtLink struct {
 	flags uint32 // IFF_*
 }
 
+// getLink asks for one link (getLinkMsg or getLinkByIndexMsg) and returns
+// it; found is false, with no error, when the kernel has no such link.
+func (h *rtnl) getLink(msg *nlmsg) (link rtLink, found bool, err error) {
+	var perr error
+	errs, err := h.exchange(func(_ int, typ uint16, body []byte) {
+		if typ == unix.RTM_NEWLINK {
+			link, perr = parseLink(body)
+		}
+	}, msg)
+	switch {
+	case err != nil:
+		return rtLink{}, false, err
+	case isNotFound(errs[0]):
+		return rtLink{}, false, nil
+	case errs[0] != nil || perr != nil:
+		return rtLink{}, false, errors.Join(errs[0], perr)
+	}
+	return link, true, nil
+}
+
 // getLinkMsg asks for the link called name.
 func getLinkMsg(name string) *nlmsg {
 	return newNlmsg(unix.RTM_GETLINK, 0, ifinfomsg(unix.AF_UNSPEC, 0, 0, 0)).
