@@ -3,7 +3,9 @@ package bgp
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -78,21 +80,42 @@ func (c *Controller) Established() []netip.Addr { return c.sp.Established() }
 // Run applies updates until ctx ends, then stops the speaker gracefully:
 // peers keep this node's routes for the restart time, and the kernel keeps
 // the learned ones.
+//
+// The controller keeps the RIB as it last read it and the routes it put in
+// the kernel. A full sync lists the whole RIB, selects, and makes the
+// kernel's table match: at start, when the speaker starts, a session goes
+// up or down or a peer sends End-of-RIB, at every Resync, and to retry what
+// failed. Anything else changes a few prefixes: the paths peers sent or
+// lost name them, and a new input changes the import policy for some. Only
+// those are read, selected and written (FIB.Update), with no read of the
+// kernel: a podCIDR assigned anywhere in a cluster of a hundred nodes costs
+// each node one route lookup and one route write, not a listing of its
+// RIB and its table.
 func (c *Controller) Run(ctx context.Context) {
 	start := time.Now()
 	settled := false
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	lastFull := time.Now()
-	// Installs follow the RIB with a bounded duty cycle: after one that
-	// took d, the next waits until 4d have passed. Every update a peer
-	// sends pokes, and each install lists the whole RIB (holding the
-	// speaker's main loop) and the kernel's routes: a reflector passing on
-	// a thousand routes would make each client do that a thousand times.
-	// A lone change is still installed at once.
-	var next time.Time
+	var (
+		rib       map[netip.Prefix][]Candidate
+		installed map[netip.Prefix][]netip.Addr // nil: a full sync is due
+		policy    ImportPolicy                  // installed was selected with it
+		dirty     = map[netip.Prefix]bool{}
+		lastFull  = time.Now()
+		// Full syncs keep a bounded duty cycle: after one that took d,
+		// the next waits until 4d have passed (listing the RIB holds the
+		// speaker's main loop).
+		next    time.Time
+		retryAt time.Time // a failed change is retried then by a full sync
+		backoff = time.Second
+	)
 	later := time.NewTimer(time.Hour)
 	later.Stop()
+	failed := func(err error, what string) {
+		c.o.Log.Error("BGP: "+what, "err", err)
+		retryAt = time.Now().Add(backoff)
+		backoff = min(2*backoff, c.o.Resync)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -105,14 +128,22 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-c.sp.Changes():
 		case <-later.C:
 		case <-tick.C:
-			// Once settled, the tick only matters for the periodic resync,
-			// which also retries what the last plan could not apply.
-			if settled && time.Since(lastFull) < c.o.Resync {
-				continue
-			}
-			if settled {
+			// The periodic resync also retries what the last plan could
+			// not apply and repairs routes changed behind weft's back.
+			if settled && time.Since(lastFull) >= c.o.Resync {
 				c.applyInput(ctx)
+				installed = nil
 			}
+			if !retryAt.IsZero() && !time.Now().Before(retryAt) {
+				installed = nil
+			}
+		}
+		prefixes, relist := c.sp.TakeChanges()
+		if relist {
+			installed = nil
+		}
+		for _, p := range prefixes {
+			dirty[p] = true
 		}
 		c.mu.Lock()
 		plan := c.plan
@@ -122,16 +153,65 @@ func (c *Controller) Run(ctx context.Context) {
 		}
 		if !settled && (c.sp.Converged(plan, time.Since(start) > c.o.PeerWait) || time.Since(start) > c.o.Settle) {
 			settled = true
+			installed = nil // the sync that prunes stale routes
 			c.o.Log.Info("BGP: converged after start", "after", time.Since(start).Round(time.Millisecond))
 		}
-		if wait := time.Until(next); wait > 0 {
-			later.Reset(wait)
+		if installed == nil {
+			if wait := time.Until(next); wait > 0 {
+				later.Reset(wait)
+				continue
+			}
+			t0 := time.Now()
+			cands, err := c.sp.Candidates()
+			if err != nil {
+				failed(err, "reading the RIB")
+				continue
+			}
+			rib = map[netip.Prefix][]Candidate{}
+			addPaths(rib, cands)
+			routes := Select(cands, plan.Import)
+			installed = make(map[netip.Prefix][]netip.Addr, len(routes))
+			for _, r := range routes {
+				installed[r.Dst] = r.NextHops
+			}
+			policy = plan.Import
+			clear(dirty)
+			retryAt = time.Time{}
+			if err := c.o.FIB.Sync(routes, settled); err != nil {
+				failed(err, "installing routes")
+			} else {
+				backoff = time.Second
+			}
+			lastFull = time.Now()
+			next = lastFull.Add(4 * lastFull.Sub(t0))
 			continue
 		}
-		t0 := time.Now()
-		c.install(plan, settled)
-		lastFull = time.Now()
-		next = lastFull.Add(4 * lastFull.Sub(t0))
+		check, all := policy.changes(plan.Import)
+		if len(dirty) == 0 && len(check) == 0 && !all {
+			continue
+		}
+		if len(dirty) > 0 {
+			ps := slices.Collect(maps.Keys(dirty))
+			cands, err := c.sp.Paths(ps)
+			if err != nil {
+				failed(err, "reading the RIB")
+				continue
+			}
+			for _, p := range ps {
+				delete(rib, p)
+			}
+			addPaths(rib, cands)
+			check = append(check, ps...)
+			clear(dirty)
+		}
+		if all {
+			check = slices.AppendSeq(slices.AppendSeq(check, maps.Keys(rib)), maps.Keys(installed))
+		}
+		policy = plan.Import
+		set, del := reselect(rib, installed, check, policy)
+		if err := c.o.FIB.Update(set, del); err != nil {
+			failed(err, "installing routes")
+		}
 	}
 }
 
@@ -160,14 +240,29 @@ func (c *Controller) applyInput(ctx context.Context) {
 	c.mu.Unlock()
 }
 
-func (c *Controller) install(plan Plan, prune bool) {
-	cands, err := c.sp.Candidates()
-	if err != nil {
-		c.o.Log.Error("BGP: reading the RIB", "err", err)
-		return
+// addPaths files paths in rib by prefix.
+func addPaths(rib map[netip.Prefix][]Candidate, paths []Candidate) {
+	for _, cd := range paths {
+		p := cd.Prefix.Masked()
+		rib[p] = append(rib[p], cd)
 	}
-	routes := Select(cands, plan.Import)
-	if err := c.o.FIB.Sync(routes, prune); err != nil {
-		c.o.Log.Error("BGP: installing routes", "err", err)
+}
+
+// reselect selects again, with policy, the routes to the prefixes in check
+// from rib, and returns what changed from installed (which it updates):
+// the routes to write and the destinations to delete.
+func reselect(rib map[netip.Prefix][]Candidate, installed map[netip.Prefix][]netip.Addr, check []netip.Prefix, policy ImportPolicy) (set []Route, del []netip.Prefix) {
+	for _, p := range check {
+		want := Select(rib[p], policy)
+		cur, had := installed[p]
+		switch {
+		case len(want) == 1 && (!had || !slices.Equal(cur, want[0].NextHops)):
+			set = append(set, want[0])
+			installed[p] = want[0].NextHops
+		case len(want) == 0 && had:
+			del = append(del, p)
+			delete(installed, p)
+		}
 	}
+	return set, del
 }

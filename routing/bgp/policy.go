@@ -47,6 +47,26 @@ func (p ImportPolicy) Accept(prefix netip.Prefix, nextHop netip.Addr) bool {
 	return false
 }
 
+// changes tells which prefixes n decides differently from p: those whose
+// node route was added, removed or moved, or all when the import prefixes
+// or the refused ranges changed.
+func (p ImportPolicy) changes(n ImportPolicy) (prefixes []netip.Prefix, all bool) {
+	if !slices.Equal(p.Prefixes, n.Prefixes) || !slices.Equal(p.Refused, n.Refused) {
+		return nil, true
+	}
+	for dst, nh := range p.NodeRoutes {
+		if cur, ok := n.NodeRoutes[dst]; !ok || cur != nh {
+			prefixes = append(prefixes, dst)
+		}
+	}
+	for dst := range n.NodeRoutes {
+		if _, ok := p.NodeRoutes[dst]; !ok {
+			prefixes = append(prefixes, dst)
+		}
+	}
+	return prefixes, false
+}
+
 // Candidate is one path of the node's RIB.
 type Candidate struct {
 	Prefix    netip.Prefix

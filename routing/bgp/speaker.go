@@ -39,6 +39,11 @@ type Speaker struct {
 
 	mu    sync.Mutex
 	state map[netip.Addr]peerState
+	// What changed in the RIB since the last TakeChanges: the prefixes
+	// of the paths peers sent or lost, or relist when the whole RIB must
+	// be read again (a new server, a session up or down, an End-of-RIB).
+	dirty  map[netip.Prefix]bool
+	relist bool
 }
 
 type peerState struct {
@@ -59,11 +64,45 @@ func NewSpeaker(o SpeakerOptions) *Speaker {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Speaker{opts: o, changes: make(chan struct{}, 1), state: map[netip.Addr]peerState{}}
+	return &Speaker{opts: o, changes: make(chan struct{}, 1), state: map[netip.Addr]peerState{}, dirty: map[netip.Prefix]bool{}}
 }
 
-// Changes is poked (coalesced) when the RIB or a session changes.
+// Changes is poked (coalesced) when the RIB or a session changes;
+// TakeChanges tells what changed.
 func (sp *Speaker) Changes() <-chan struct{} { return sp.changes }
+
+// TakeChanges returns the prefixes whose paths changed since the last
+// call, or relist when the whole RIB must be read again, and forgets them.
+func (sp *Speaker) TakeChanges() (prefixes []netip.Prefix, relist bool) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	relist, sp.relist = sp.relist, false
+	if !relist {
+		prefixes = make([]netip.Prefix, 0, len(sp.dirty))
+		for p := range sp.dirty {
+			prefixes = append(prefixes, p)
+		}
+	}
+	clear(sp.dirty)
+	return prefixes, relist
+}
+
+// changed records a change and pokes.
+func (sp *Speaker) changed(relist bool, paths []*apiutil.Path) {
+	sp.mu.Lock()
+	if relist {
+		sp.relist = true
+	}
+	for _, p := range paths {
+		if prefix, err := netip.ParsePrefix(p.Nlri.String()); err == nil {
+			sp.dirty[prefix.Masked()] = true
+		} else {
+			sp.relist = true
+		}
+	}
+	sp.mu.Unlock()
+	sp.poke()
+}
 
 func (sp *Speaker) poke() {
 	select {
@@ -127,15 +166,19 @@ func (sp *Speaker) start(ctx context.Context, p Plan) error {
 		sp.s.Stop()
 		return fmt.Errorf("starting the BGP speaker (asn %d, router id %s): %w", p.ASN, p.RouterID, err)
 	}
+	// Every path a peer sends or loses (withdrawn, its session dropped,
+	// a graceful-restart timer expired) marks its prefix changed: the
+	// controller reads and installs only those. Sessions going up or down
+	// and End-of-RIB relist everything (stale paths are swept then).
 	if err := sp.s.WatchEvent(context.Background(), server.WatchEventMessageCallbacks{
-		OnBestPath: func([]*apiutil.Path, time.Time) { sp.poke() },
+		OnPathUpdate: func(paths []*apiutil.Path, _ time.Time) { sp.changed(false, paths) },
 		OnPathEor: func(path *apiutil.Path, _ time.Time) {
 			sp.mu.Lock()
 			if st, ok := sp.state[path.PeerAddress.Unmap()]; ok {
 				st.eor[path.Family] = true
 			}
 			sp.mu.Unlock()
-			sp.poke()
+			sp.changed(true, nil)
 		},
 		OnPeerUpdate: func(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
 			if ev.Type != apiutil.PEER_EVENT_STATE {
@@ -156,15 +199,16 @@ func (sp *Speaker) start(ctx context.Context, p Plan) error {
 			// peer that cannot be reached cycles through the other states
 			// at every retry.
 			if changed {
-				sp.poke()
+				sp.changed(true, nil)
 			}
 		},
-	}, server.WatchBestPath(false), server.WatchEor(false), server.WatchPeer()); err != nil {
+	}, server.WatchUpdate(false, "", ""), server.WatchAdjInWithdraw(), server.WatchEor(false), server.WatchPeer()); err != nil {
 		sp.s.Stop()
 		return fmt.Errorf("watching the BGP speaker: %w", err)
 	}
 	sp.running, sp.asn, sp.id, sp.rr = true, p.ASN, p.RouterID, p.Reflector
 	sp.peers, sp.paths, sp.extSet = map[netip.Addr]Neighbor{}, map[netip.Prefix]Announcement{}, nil
+	sp.changed(true, nil)
 	return nil
 }
 
@@ -386,22 +430,44 @@ func toPath(a Announcement) (*apiutil.Path, error) {
 }
 
 // Candidates lists every path of the global RIB, both families.
-func (sp *Speaker) Candidates() ([]Candidate, error) {
+func (sp *Speaker) Candidates() ([]Candidate, error) { return sp.listPaths(nil) }
+
+// Paths lists the global RIB's paths to the given prefixes.
+func (sp *Speaker) Paths(prefixes []netip.Prefix) ([]Candidate, error) {
+	if len(prefixes) == 0 {
+		return nil, nil
+	}
+	return sp.listPaths(prefixes)
+}
+
+// listPaths lists the paths to prefixes, or every path when prefixes is
+// nil.
+func (sp *Speaker) listPaths(prefixes []netip.Prefix) ([]Candidate, error) {
 	if !sp.running {
 		return nil, nil
 	}
 	var out []Candidate
 	for _, fam := range []bgp.Family{familyV4, familyV6} {
-		err := sp.s.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam},
-			func(nlri bgp.NLRI, paths []*apiutil.Path) {
-				prefix, err := netip.ParsePrefix(nlri.String())
-				if err != nil {
-					return
+		req := apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam}
+		if prefixes != nil {
+			for _, p := range prefixes {
+				if p.Addr().Is4() == (fam == familyV4) {
+					req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
 				}
-				for _, p := range paths {
-					out = append(out, candidate(prefix, p))
-				}
-			})
+			}
+			if len(req.Prefixes) == 0 {
+				continue
+			}
+		}
+		err := sp.s.ListPath(req, func(nlri bgp.NLRI, paths []*apiutil.Path) {
+			prefix, err := netip.ParsePrefix(nlri.String())
+			if err != nil {
+				return
+			}
+			for _, p := range paths {
+				out = append(out, candidate(prefix, p))
+			}
+		})
 		if err != nil {
 			return nil, fmt.Errorf("listing the RIB: %w", err)
 		}
