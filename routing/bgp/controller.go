@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"sync"
@@ -15,7 +16,9 @@ type ControllerOptions struct {
 	Speaker SpeakerOptions
 	FIB     FIB
 	// Resync re-applies the learned routes to the kernel (repairs drift);
-	// default 30 s.
+	// default 30 s, each period drawn between 3/4 and 5/4 of it so that
+	// agents started together (a DaemonSet rollout) do not resync in
+	// step.
 	Resync time.Duration
 	// Settle bounds how long a starting controller keeps routes a previous
 	// run installed while waiting for its peers' End-of-RIB; default 30 s.
@@ -81,16 +84,16 @@ func (c *Controller) Established() []netip.Addr { return c.sp.Established() }
 // peers keep this node's routes for the restart time, and the kernel keeps
 // the learned ones.
 //
-// The controller keeps the RIB as it last read it and the routes it put in
-// the kernel. A full sync lists the whole RIB, selects, and makes the
-// kernel's table match: at start, when the speaker starts, a session goes
-// up or down or a peer sends End-of-RIB, at every Resync, and to retry what
-// failed. Anything else changes a few prefixes: the paths peers sent or
-// lost name them, and a new input changes the import policy for some. Only
-// those are read, selected and written (FIB.Update), with no read of the
-// kernel: a podCIDR assigned anywhere in a cluster of a hundred nodes costs
-// each node one route lookup and one route write, not a listing of its
-// RIB and its table.
+// The controller keeps a copy of the RIB and the routes it put in the
+// kernel. A full sync lists the whole RIB, selects, and makes the kernel's
+// table match: at start, when the speaker starts, a session goes up or down
+// or a peer sends End-of-RIB, at every Resync, and to retry what failed.
+// Anything else changes a few prefixes: the speaker hands over the paths
+// peers sent or lost (the copy follows them), and a new input changes the
+// import policy for some. Only those prefixes are selected and written
+// (FIB.Update), with no listing of the RIB or read of the kernel: a podCIDR
+// assigned anywhere in a cluster of a hundred nodes costs each node a
+// route write, not a listing of its RIB and its table.
 func (c *Controller) Run(ctx context.Context) {
 	start := time.Now()
 	settled := false
@@ -102,6 +105,7 @@ func (c *Controller) Run(ctx context.Context) {
 		policy    ImportPolicy                  // installed was selected with it
 		dirty     = map[netip.Prefix]bool{}
 		lastFull  = time.Now()
+		resyncIn  = c.resyncPeriod()
 		// Full syncs keep a bounded duty cycle: after one that took d,
 		// the next waits until 4d have passed (listing the RIB holds the
 		// speaker's main loop).
@@ -130,7 +134,7 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-tick.C:
 			// The periodic resync also retries what the last plan could
 			// not apply and repairs routes changed behind weft's back.
-			if settled && time.Since(lastFull) >= c.o.Resync {
+			if settled && time.Since(lastFull) >= resyncIn {
 				c.applyInput(ctx)
 				installed = nil
 			}
@@ -138,12 +142,15 @@ func (c *Controller) Run(ctx context.Context) {
 				installed = nil
 			}
 		}
-		prefixes, relist := c.sp.TakeChanges()
+		changes, relist := c.sp.TakeChanges()
 		if relist {
 			installed = nil
 		}
-		for _, p := range prefixes {
-			dirty[p] = true
+		if installed != nil { // else a listing to come holds them
+			for _, ch := range changes {
+				applyChange(rib, ch)
+				dirty[ch.Prefix] = true
+			}
 		}
 		c.mu.Lock()
 		plan := c.plan
@@ -182,7 +189,7 @@ func (c *Controller) Run(ctx context.Context) {
 			} else {
 				backoff = time.Second
 			}
-			lastFull = time.Now()
+			lastFull, resyncIn = time.Now(), c.resyncPeriod()
 			next = lastFull.Add(4 * lastFull.Sub(t0))
 			continue
 		}
@@ -190,20 +197,8 @@ func (c *Controller) Run(ctx context.Context) {
 		if len(dirty) == 0 && len(check) == 0 && !all {
 			continue
 		}
-		if len(dirty) > 0 {
-			ps := slices.Collect(maps.Keys(dirty))
-			cands, err := c.sp.Paths(ps)
-			if err != nil {
-				failed(err, "reading the RIB")
-				continue
-			}
-			for _, p := range ps {
-				delete(rib, p)
-			}
-			addPaths(rib, cands)
-			check = append(check, ps...)
-			clear(dirty)
-		}
+		check = slices.AppendSeq(check, maps.Keys(dirty))
+		clear(dirty)
 		if all {
 			check = slices.AppendSeq(slices.AppendSeq(check, maps.Keys(rib)), maps.Keys(installed))
 		}
@@ -213,6 +208,11 @@ func (c *Controller) Run(ctx context.Context) {
 			failed(err, "installing routes")
 		}
 	}
+}
+
+// resyncPeriod draws the time until the next resync.
+func (c *Controller) resyncPeriod() time.Duration {
+	return c.o.Resync*3/4 + rand.N(c.o.Resync/2+1)
 }
 
 // applyInput computes the plan of the latest input and applies it.
@@ -246,6 +246,19 @@ func addPaths(rib map[netip.Prefix][]Candidate, paths []Candidate) {
 		p := cd.Prefix.Masked()
 		rib[p] = append(rib[p], cd)
 	}
+}
+
+// applyChange updates rib with a path a peer sent or lost.
+func applyChange(rib map[netip.Prefix][]Candidate, ch PathChange) {
+	paths := slices.DeleteFunc(rib[ch.Prefix], func(c Candidate) bool { return c.Peer == ch.Peer })
+	if ch.Path != nil {
+		paths = append(paths, *ch.Path)
+	}
+	if len(paths) == 0 {
+		delete(rib, ch.Prefix)
+		return
+	}
+	rib[ch.Prefix] = paths
 }
 
 // reselect selects again, with policy, the routes to the prefixes in check

@@ -93,20 +93,62 @@ func BenchmarkConvergence(b *testing.B) {
 	for i := 1; i <= convergenceNodes; i++ {
 		all = append(all, i)
 	}
-	hasPod := func(j int, p netip.Prefix) func(int, []netlink.Route) bool {
-		return func(i int, rs []netlink.Route) bool {
-			return i == j || slices.ContainsFunc(rs, func(r netlink.Route) bool {
+	// The conditions the benchmark waits for: each says what a node's
+	// routes lack, or "" when they are as wanted.
+	hasPod := func(j int, p netip.Prefix) check {
+		return func(i int, rs []netlink.Route, _ bool) string {
+			if i == j || slices.ContainsFunc(rs, func(r netlink.Route) bool {
 				return nlutil.RouteDst(r) == p && r.Gw.Equal(nodeIP4(j).AsSlice())
-			})
+			}) {
+				return ""
+			}
+			return fmt.Sprintf("no route to %s via %s", p, nodeName(j))
 		}
 	}
-	lacks := func(p netip.Prefix) func(int, []netlink.Route) bool {
-		return func(_ int, rs []netlink.Route) bool {
-			return !slices.ContainsFunc(rs, func(r netlink.Route) bool { return nlutil.RouteDst(r) == p })
+	lacks := func(p netip.Prefix) check {
+		return func(_ int, rs []netlink.Route, _ bool) string {
+			if slices.ContainsFunc(rs, func(r netlink.Route) bool { return nlutil.RouteDst(r) == p }) {
+				return "still routes " + p.String()
+			}
+			return ""
 		}
 	}
-	count := func(n int) func(int, []netlink.Route) bool {
-		return func(_ int, rs []netlink.Route) bool { return len(rs) == n }
+	// exactly: the other nodes' podCIDRs and extra, nothing else.
+	exactly := func(extra []netip.Prefix) check {
+		want := map[netip.Prefix]int{} // the node whose podCIDR it is, or 0
+		for j := 1; j <= convergenceNodes; j++ {
+			if w.alive[j] {
+				want[podCIDR4(j)] = j
+			}
+		}
+		for _, p := range extra {
+			want[p] = 0
+		}
+		return func(i int, rs []netlink.Route, detail bool) string {
+			ok := len(rs) == len(want)-1
+			var unwanted []string
+			for _, r := range rs {
+				dst := nlutil.RouteDst(r)
+				if j, in := want[dst]; !in || j == i {
+					ok = false
+					unwanted = append(unwanted, dst.String())
+				}
+			}
+			if ok {
+				return ""
+			}
+			if !detail {
+				return "not yet"
+			}
+			var missing []string
+			for p, j := range want {
+				if j != i && !slices.ContainsFunc(rs, func(r netlink.Route) bool { return nlutil.RouteDst(r) == p }) {
+					missing = append(missing, p.String())
+				}
+			}
+			slices.Sort(missing)
+			return fmt.Sprintf("%d routes; %d missing %v; not wanted %v", len(rs), len(missing), missing[:min(len(missing), 5)], unwanted)
+		}
 	}
 	// rewrite hands every node its new view: encoded first, then written
 	// file after file (as the API server sends a watch event to every
@@ -129,7 +171,7 @@ func BenchmarkConvergence(b *testing.B) {
 		return t0
 	}
 	start := time.Now()
-	k.until(b, all, 5*time.Minute, count(convergenceNodes-1))
+	k.until(b, all, 5*time.Minute, exactly(nil))
 	b.Logf("%d nodes converged %s after their speakers started", convergenceNodes, time.Since(start).Round(time.Millisecond))
 
 	var install, del, rejoin []time.Duration
@@ -154,7 +196,7 @@ func BenchmarkConvergence(b *testing.B) {
 			w.alive[j] = true
 			t0 = rewrite()
 			rejoin = append(rejoin, k.until(b, others, 60*time.Second, hasPod(j, podCIDR4(j))).Sub(t0))
-			k.until(b, []int{j}, 60*time.Second, count(convergenceNodes-1))
+			k.until(b, []int{j}, 60*time.Second, exactly(nil))
 		}
 	}
 	b.StopTimer()
@@ -163,6 +205,11 @@ func BenchmarkConvergence(b *testing.B) {
 		b.ReportMetric(ms(percentile(ds, 99)), name+"-p99-ms")
 		b.ReportMetric(ms(slices.Max(ds)), name+"-max-ms")
 		b.Logf("%s: median %s, p99 %s, max %s over %d runs", name, percentile(ds, 50), percentile(ds, 99), slices.Max(ds), len(ds))
+		inOrder := make([]string, len(ds))
+		for i, d := range ds {
+			inOrder[i] = d.Round(time.Millisecond).String()
+		}
+		b.Logf("%s, run by run: %s", name, strings.Join(inOrder, " "))
 	}
 	report("install", install)
 	report("delete", del)
@@ -178,7 +225,7 @@ func BenchmarkConvergence(b *testing.B) {
 	}
 	t0 := time.Now()
 	w.writeRouter(1)
-	tor1000 := k.until(b, all, 5*time.Minute, count(convergenceNodes-1+torPrefixes)).Sub(t0)
+	tor1000 := k.until(b, all, 5*time.Minute, exactly(torAnnounces)).Sub(t0)
 	b.ReportMetric(mib(peakRSS(b, client)), "rss-client-1000-MiB")
 	b.ReportMetric(mib(peakRSS(b, reflector)), "rss-reflector-1000-MiB")
 
@@ -217,9 +264,13 @@ func (w *world) kernels() *kernels {
 	return k
 }
 
+// check tells what node i's routes rs lack, or "" if nothing; with
+// detail, it says which routes (for the failure message).
+type check func(i int, rs []netlink.Route, detail bool) string
+
 // until reads the kernels of nodes until cond holds for each (each read
 // once per sweep until it does) and returns when the last one did.
-func (k *kernels) until(b *testing.B, nodes []int, within time.Duration, cond func(i int, rs []netlink.Route) bool) time.Time {
+func (k *kernels) until(b *testing.B, nodes []int, within time.Duration, cond check) time.Time {
 	b.Helper()
 	pending := slices.Clone(nodes)
 	deadline := time.Now().Add(within)
@@ -228,14 +279,7 @@ func (k *kernels) until(b *testing.B, nodes []int, within time.Duration, cond fu
 		t0 := time.Now()
 		var still []int
 		for _, i := range pending {
-			rs, err := nlutil.Dump("bgp routes", func() ([]netlink.Route, error) {
-				return k.h[i].RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: bgp.RouteProtocol, Table: unix.RT_TABLE_MAIN},
-					netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
-			})
-			if err != nil {
-				b.Fatalf("%s: %v", nodeName(i), err)
-			}
-			if cond(i, rs) {
+			if cond(i, k.routes(b, i), false) == "" {
 				last = time.Now()
 			} else {
 				still = append(still, i)
@@ -248,15 +292,28 @@ func (k *kernels) until(b *testing.B, nodes []int, within time.Duration, cond fu
 			break
 		}
 		if time.Now().After(deadline) {
-			names := make([]string, 0, len(pending))
+			var why []string
 			for _, i := range pending {
-				names = append(names, nodeName(i))
+				why = append(why, nodeName(i)+": "+cond(i, k.routes(b, i), true))
 			}
-			b.Fatalf("not there after %s on %d nodes: %s", within, len(pending), strings.Join(names, " "))
+			b.Fatalf("not there after %s on %d nodes:\n%s", within, len(pending), strings.Join(why, "\n"))
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	return last
+}
+
+// routes dumps node i's weft BGP routes (IPv4, main table).
+func (k *kernels) routes(b *testing.B, i int) []netlink.Route {
+	b.Helper()
+	rs, err := nlutil.Dump("bgp routes", func() ([]netlink.Route, error) {
+		return k.h[i].RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: bgp.RouteProtocol, Table: unix.RT_TABLE_MAIN},
+			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		b.Fatalf("%s: %v", nodeName(i), err)
+	}
+	return rs
 }
 
 func (k *kernels) meanSweep() time.Duration { return k.spent / time.Duration(max(k.sweeps, 1)) }

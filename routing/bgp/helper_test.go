@@ -99,6 +99,12 @@ func runHelper(kind, stateFile, statusFile string) int {
 	case "node":
 		resync, _ := time.ParseDuration(os.Getenv(helperResyncEnv))
 		c := bgp.NewController(bgp.ControllerOptions{Log: log, Resync: resync})
+		var (
+			config   string
+			parsed   bool
+			settings bgp.Settings
+			pw       map[int]string
+		)
 		done := make(chan struct{})
 		go func() { c.Run(ctx); close(done) }()
 		for {
@@ -116,14 +122,20 @@ func runHelper(kind, stateFile, statusFile string) int {
 					log.Error("helper state", "err", err)
 					return 2
 				}
-				settings, peerErrs, err := bgp.Parse(map[string]string{bgp.ConfigKey: s.Config})
-				if err != nil {
-					log.Error("helper config", "err", err)
-					return 2
-				}
-				pw, pwErrs := bgp.LoadPasswords(settings, func(string, string) (string, error) { return "", os.ErrNotExist })
-				for _, e := range append(peerErrs, pwErrs...) {
-					log.Warn("config", "err", e)
+				// As an agent does, the configuration is parsed only
+				// when it changed.
+				if s.Config != config || !parsed {
+					st, peerErrs, err := bgp.Parse(map[string]string{bgp.ConfigKey: s.Config})
+					if err != nil {
+						log.Error("helper config", "err", err)
+						return 2
+					}
+					var pwErrs []error
+					pw, pwErrs = bgp.LoadPasswords(st, func(string, string) (string, error) { return "", os.ErrNotExist })
+					for _, e := range append(peerErrs, pwErrs...) {
+						log.Warn("config", "err", e)
+					}
+					config, parsed, settings = s.Config, true, st
 				}
 				c.Update(bgp.Input{Self: s.Self, Nodes: s.Nodes, Settings: settings, Passwords: pw, ClusterCIDRs: s.ClusterCIDRs, Services: s.Services})
 			}
@@ -134,6 +146,13 @@ func runHelper(kind, stateFile, statusFile string) int {
 		}
 	case "router":
 		sp := bgp.NewSpeaker(bgp.SpeakerOptions{Log: log})
+		// The RIB is listed, installed and reported at the tick after it
+		// changed; the session states at every tick.
+		ribChanged := true
+		var (
+			rib     []bgp.Candidate
+			lastEst []netip.Addr
+		)
 		for {
 			select {
 			case <-ctx.Done():
@@ -141,6 +160,9 @@ func runHelper(kind, stateFile, statusFile string) int {
 				return 0
 			case <-changed:
 				fresh = true
+			case <-sp.Changes():
+				sp.TakeChanges() // the listing below holds them
+				ribChanged = true
 			case <-tick.C:
 				due = true
 			}
@@ -158,17 +180,27 @@ func runHelper(kind, stateFile, statusFile string) int {
 				continue
 			}
 			due = false
-			rib, err := sp.Candidates()
-			if err != nil {
-				log.Error("router rib", "err", err)
+			est := sp.Established()
+			slices.SortFunc(est, netip.Addr.Compare)
+			if !ribChanged && slices.Equal(est, lastEst) {
+				continue // the status is as written
 			}
-			// A router forwards along everything it learns.
-			if err := (bgp.FIB{}).Sync(bgp.Select(rib, anything), true); err != nil {
-				log.Error("router fib", "err", err)
+			lastEst = est
+			if ribChanged {
+				ribChanged = false
+				var err error
+				if rib, err = sp.Candidates(); err != nil {
+					log.Error("router rib", "err", err)
+				}
+				// A router forwards along everything it learns.
+				if err := (bgp.FIB{}).Sync(bgp.Select(rib, anything), true); err != nil {
+					log.Error("router fib", "err", err)
+				}
 			}
-			writeStatus(helperStatus{Established: sp.Established(), RIB: rib})
+			writeStatus(helperStatus{Established: est, RIB: rib})
 		}
 	}
+
 	fmt.Fprintln(os.Stderr, "unknown helper", kind)
 	return 2
 }

@@ -71,7 +71,8 @@ func (p ImportPolicy) changes(n ImportPolicy) (prefixes []netip.Prefix, all bool
 type Candidate struct {
 	Prefix    netip.Prefix
 	NextHop   netip.Addr
-	Local     bool // originated by this node: never installed
+	Local     bool       // originated by this node: never installed
+	Peer      netip.Addr // the peer it came from
 	LocalPref uint32
 	ASPathLen int
 	Origin    uint8

@@ -8,9 +8,10 @@ import (
 )
 
 // TestIncrementalEqualsFull drives the controller's incremental path (paths
-// of a few prefixes changed, the import policy changed: reselect only what
-// changes names) through random steps and checks after each that what it
-// keeps installed is exactly what a full Select of the whole RIB gives.
+// sent and lost by peers applied to its copy of the RIB, the import policy
+// changed: reselect only the prefixes these name) through random steps and
+// checks after each that what it keeps installed is exactly what a full
+// Select of the true RIB gives.
 func TestIncrementalEqualsFull(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	prefixes := make([]netip.Prefix, 24)
@@ -21,11 +22,35 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"),
 		netip.MustParseAddr("192.0.2.3"), netip.MustParseAddr("192.0.2.4"),
 	}
-	randomPaths := func(p netip.Prefix) []Candidate {
+	// A peer's path: peers are the hops, and some announce another
+	// next hop (a router passing on a route).
+	randomChange := func() PathChange {
+		p, peer := prefixes[rng.IntN(len(prefixes))], hops[rng.IntN(len(hops))]
+		ch := PathChange{Prefix: p, Peer: peer}
+		if rng.IntN(3) > 0 {
+			ch.Path = &Candidate{Prefix: p, Peer: peer, NextHop: hops[rng.IntN(len(hops))], LocalPref: 100,
+				ASPathLen: rng.IntN(2)}
+		}
+		return ch
+	}
+	// truth is the RIB as gobgp holds it: a path per prefix and peer.
+	truth := map[netip.Prefix]map[netip.Addr]Candidate{}
+	apply := func(ch PathChange) {
+		if truth[ch.Prefix] == nil {
+			truth[ch.Prefix] = map[netip.Addr]Candidate{}
+		}
+		if ch.Path == nil {
+			delete(truth[ch.Prefix], ch.Peer)
+		} else {
+			truth[ch.Prefix][ch.Peer] = *ch.Path
+		}
+	}
+	listing := func() []Candidate {
 		var out []Candidate
-		for range rng.IntN(4) {
-			out = append(out, Candidate{Prefix: p, NextHop: hops[rng.IntN(len(hops))], LocalPref: 100,
-				ASPathLen: rng.IntN(2), Local: rng.IntN(8) == 0})
+		for _, byPeer := range truth {
+			for _, c := range byPeer {
+				out = append(out, c)
+			}
 		}
 		return out
 	}
@@ -60,17 +85,15 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		return n
 	}
 
-	rib := map[netip.Prefix][]Candidate{}
-	for _, p := range prefixes {
-		addPaths(rib, randomPaths(p))
+	for range 60 {
+		apply(randomChange())
 	}
+	// The controller's full sync: its copy from a listing.
+	rib := map[netip.Prefix][]Candidate{}
+	addPaths(rib, listing())
 	policy := randomPolicy()
 	installed := map[netip.Prefix][]netip.Addr{}
-	var all []Candidate
-	for _, cs := range rib {
-		all = append(all, cs...)
-	}
-	for _, r := range Select(all, policy) {
+	for _, r := range Select(listing(), policy) {
 		installed[r.Dst] = r.NextHops
 	}
 	for step := range 2000 {
@@ -83,10 +106,10 @@ func TestIncrementalEqualsFull(t *testing.T) {
 			next = moveNodeRoutes(policy)
 		default:
 			for range 1 + rng.IntN(3) {
-				p := prefixes[rng.IntN(len(prefixes))]
-				delete(rib, p)
-				addPaths(rib, randomPaths(p))
-				dirty = append(dirty, p)
+				ch := randomChange()
+				apply(ch)
+				applyChange(rib, ch)
+				dirty = append(dirty, ch.Prefix)
 			}
 		}
 		check, everything := policy.changes(next)
@@ -106,11 +129,7 @@ func TestIncrementalEqualsFull(t *testing.T) {
 		set, del := reselect(rib, installed, check, next)
 		policy = next
 
-		all = all[:0]
-		for _, cs := range rib {
-			all = append(all, cs...)
-		}
-		want := Select(all, policy)
+		want := Select(listing(), policy)
 		if len(want) != len(installed) {
 			t.Fatalf("step %d: %d routes installed, a full select gives %d", step, len(installed), len(want))
 		}

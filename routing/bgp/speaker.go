@@ -39,11 +39,18 @@ type Speaker struct {
 
 	mu    sync.Mutex
 	state map[netip.Addr]peerState
-	// What changed in the RIB since the last TakeChanges: the prefixes
-	// of the paths peers sent or lost, or relist when the whole RIB must
-	// be read again (a new server, a session up or down, an End-of-RIB).
-	dirty  map[netip.Prefix]bool
-	relist bool
+	// What changed in the RIB since the last TakeChanges: the paths
+	// peers sent or lost, in order, or relist when the whole RIB must be
+	// read again (a new server, a session up or down, an End-of-RIB).
+	pending []PathChange
+	relist  bool
+}
+
+// PathChange is a path a peer sent (Path set) or lost (Path nil).
+type PathChange struct {
+	Prefix netip.Prefix
+	Peer   netip.Addr
+	Path   *Candidate
 }
 
 type peerState struct {
@@ -64,41 +71,47 @@ func NewSpeaker(o SpeakerOptions) *Speaker {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Speaker{opts: o, changes: make(chan struct{}, 1), state: map[netip.Addr]peerState{}, dirty: map[netip.Prefix]bool{}}
+	return &Speaker{opts: o, changes: make(chan struct{}, 1), state: map[netip.Addr]peerState{}}
 }
 
 // Changes is poked (coalesced) when the RIB or a session changes;
 // TakeChanges tells what changed.
 func (sp *Speaker) Changes() <-chan struct{} { return sp.changes }
 
-// TakeChanges returns the prefixes whose paths changed since the last
-// call, or relist when the whole RIB must be read again, and forgets them.
-func (sp *Speaker) TakeChanges() (prefixes []netip.Prefix, relist bool) {
+// TakeChanges returns the path changes since the last call, in order, or
+// relist when the whole RIB must be read again (the listing then holds
+// them all), and forgets them.
+func (sp *Speaker) TakeChanges() (changes []PathChange, relist bool) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	relist, sp.relist = sp.relist, false
-	if !relist {
-		prefixes = make([]netip.Prefix, 0, len(sp.dirty))
-		for p := range sp.dirty {
-			prefixes = append(prefixes, p)
-		}
+	changes, relist = sp.pending, sp.relist
+	sp.pending, sp.relist = nil, false
+	if relist {
+		changes = nil
 	}
-	clear(sp.dirty)
-	return prefixes, relist
+	return changes, relist
 }
 
-// changed records a change and pokes.
+// changed records paths sent or lost, or that the RIB must be listed
+// again, and pokes.
 func (sp *Speaker) changed(relist bool, paths []*apiutil.Path) {
 	sp.mu.Lock()
-	if relist {
-		sp.relist = true
-	}
+	sp.relist = sp.relist || relist
 	for _, p := range paths {
-		if prefix, err := netip.ParsePrefix(p.Nlri.String()); err == nil {
-			sp.dirty[prefix.Masked()] = true
-		} else {
-			sp.relist = true
+		if sp.relist {
+			break // a listing to come holds it
 		}
+		prefix, err := netip.ParsePrefix(p.Nlri.String())
+		if err != nil {
+			sp.relist = true
+			break
+		}
+		ch := PathChange{Prefix: prefix.Masked(), Peer: p.PeerAddress.Unmap()}
+		if !p.Withdrawal {
+			c := candidate(prefix, p)
+			ch.Path = &c
+		}
+		sp.pending = append(sp.pending, ch)
 	}
 	sp.mu.Unlock()
 	sp.poke()
@@ -167,9 +180,11 @@ func (sp *Speaker) start(ctx context.Context, p Plan) error {
 		return fmt.Errorf("starting the BGP speaker (asn %d, router id %s): %w", p.ASN, p.RouterID, err)
 	}
 	// Every path a peer sends or loses (withdrawn, its session dropped,
-	// a graceful-restart timer expired) marks its prefix changed: the
-	// controller reads and installs only those. Sessions going up or down
-	// and End-of-RIB relist everything (stale paths are swept then).
+	// a graceful-restart timer expired) is handed to the controller as a
+	// change: it keeps its copy of the RIB with them and installs only
+	// what they touch. These are the paths the RIB takes (gobgp leaves out
+	// the looped ones before telling); sessions going up or down and
+	// End-of-RIB relist everything (stale paths are swept then).
 	if err := sp.s.WatchEvent(context.Background(), server.WatchEventMessageCallbacks{
 		OnPathUpdate: func(paths []*apiutil.Path, _ time.Time) { sp.changed(false, paths) },
 		OnPathEor: func(path *apiutil.Path, _ time.Time) {
@@ -430,44 +445,22 @@ func toPath(a Announcement) (*apiutil.Path, error) {
 }
 
 // Candidates lists every path of the global RIB, both families.
-func (sp *Speaker) Candidates() ([]Candidate, error) { return sp.listPaths(nil) }
-
-// Paths lists the global RIB's paths to the given prefixes.
-func (sp *Speaker) Paths(prefixes []netip.Prefix) ([]Candidate, error) {
-	if len(prefixes) == 0 {
-		return nil, nil
-	}
-	return sp.listPaths(prefixes)
-}
-
-// listPaths lists the paths to prefixes, or every path when prefixes is
-// nil.
-func (sp *Speaker) listPaths(prefixes []netip.Prefix) ([]Candidate, error) {
+func (sp *Speaker) Candidates() ([]Candidate, error) {
 	if !sp.running {
 		return nil, nil
 	}
 	var out []Candidate
 	for _, fam := range []bgp.Family{familyV4, familyV6} {
-		req := apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam}
-		if prefixes != nil {
-			for _, p := range prefixes {
-				if p.Addr().Is4() == (fam == familyV4) {
-					req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
+		err := sp.s.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam},
+			func(nlri bgp.NLRI, paths []*apiutil.Path) {
+				prefix, err := netip.ParsePrefix(nlri.String())
+				if err != nil {
+					return
 				}
-			}
-			if len(req.Prefixes) == 0 {
-				continue
-			}
-		}
-		err := sp.s.ListPath(req, func(nlri bgp.NLRI, paths []*apiutil.Path) {
-			prefix, err := netip.ParsePrefix(nlri.String())
-			if err != nil {
-				return
-			}
-			for _, p := range paths {
-				out = append(out, candidate(prefix, p))
-			}
-		})
+				for _, p := range paths {
+					out = append(out, candidate(prefix, p))
+				}
+			})
 		if err != nil {
 			return nil, fmt.Errorf("listing the RIB: %w", err)
 		}
@@ -476,7 +469,7 @@ func (sp *Speaker) listPaths(prefixes []netip.Prefix) ([]Candidate, error) {
 }
 
 func candidate(prefix netip.Prefix, p *apiutil.Path) Candidate {
-	c := Candidate{Prefix: prefix, LocalPref: 100, Local: !p.PeerAddress.IsValid() || p.PeerAddress.IsUnspecified()}
+	c := Candidate{Prefix: prefix, LocalPref: 100, Local: !p.PeerAddress.IsValid() || p.PeerAddress.IsUnspecified(), Peer: p.PeerAddress.Unmap()}
 	for _, a := range p.Attrs {
 		switch a := a.(type) {
 		case *bgp.PathAttributeNextHop:
