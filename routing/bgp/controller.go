@@ -106,9 +106,11 @@ func (c *Controller) Run(ctx context.Context) {
 		dirty     = map[netip.Prefix]bool{}
 		lastFull  = time.Now()
 		resyncIn  = c.resyncPeriod()
-		// Full syncs keep a bounded duty cycle: after one that took d,
-		// the next waits until 4d have passed (listing the RIB holds the
-		// speaker's main loop).
+		// Full syncs keep a duty cycle: after one that took d, the next
+		// waits until 4d have passed (listing the RIB holds the speaker's
+		// main loop), but never more than fullGap: changes that come
+		// meanwhile wait for it (a listing under a burst of updates can
+		// take seconds).
 		next    time.Time
 		retryAt time.Time // a failed change is retried then by a full sync
 		backoff = time.Second
@@ -190,7 +192,10 @@ func (c *Controller) Run(ctx context.Context) {
 				backoff = time.Second
 			}
 			lastFull, resyncIn = time.Now(), c.resyncPeriod()
-			next = lastFull.Add(4 * lastFull.Sub(t0))
+			if d := lastFull.Sub(t0); d > time.Second {
+				c.o.Log.Info("BGP: slow full sync", "routes", len(routes), "took", d.Round(time.Millisecond))
+			}
+			next = lastFull.Add(min(4*lastFull.Sub(t0), fullGap))
 			continue
 		}
 		check, all := policy.changes(plan.Import)
@@ -209,6 +214,9 @@ func (c *Controller) Run(ctx context.Context) {
 		}
 	}
 }
+
+// fullGap bounds the wait between two full syncs.
+const fullGap = time.Second
 
 // resyncPeriod draws the time until the next resync.
 func (c *Controller) resyncPeriod() time.Duration {

@@ -173,6 +173,9 @@ func BenchmarkConvergence(b *testing.B) {
 	start := time.Now()
 	k.until(b, all, 5*time.Minute, exactly(nil))
 	b.Logf("%d nodes converged %s after their speakers started", convergenceNodes, time.Since(start).Round(time.Millisecond))
+	// The runs measure a cluster at rest, not the tail of 100 nodes
+	// starting at once (sessions, End-of-RIB syncs).
+	b.Logf("nodes idle %s", w.idle(b, 60*time.Second))
 
 	var install, del, rejoin []time.Duration
 	b.ResetTimer()
@@ -317,6 +320,43 @@ func (k *kernels) routes(b *testing.B, i int) []netlink.Route {
 }
 
 func (k *kernels) meanSweep() time.Duration { return k.spent / time.Duration(max(k.sweeps, 1)) }
+
+// idle waits until the node processes together use less than a third of
+// a core (over a second; at rest their timers alone take about a tenth),
+// at most within, and says how long that took and what they used.
+func (w *world) idle(b *testing.B, within time.Duration) string {
+	b.Helper()
+	cpu := func() (ticks int) {
+		for _, p := range w.nodes {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+			if err != nil {
+				b.Fatal(err)
+			}
+			// utime and stime, the 14th and 15th fields, after the
+			// command's closing parenthesis.
+			f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+			for _, s := range f[11:13] {
+				n, err := strconv.Atoi(s)
+				if err != nil {
+					b.Fatalf("/proc/%d/stat: %v", p.cmd.Process.Pid, err)
+				}
+				ticks += n
+			}
+		}
+		return ticks
+	}
+	start := time.Now()
+	var used float64 // cores, over the last second
+	for last := cpu(); time.Since(start) < within; {
+		time.Sleep(time.Second)
+		now := cpu()
+		used, last = float64(now-last)/100, now // clock ticks are 1/100 s
+		if used < 1.0/3 {
+			break
+		}
+	}
+	return fmt.Sprintf("%s later (%.2f of a core)", time.Since(start).Round(time.Millisecond), used)
+}
 
 // peakRSS is the process's VmHWM in bytes.
 func peakRSS(b *testing.B, p *proc) float64 {
