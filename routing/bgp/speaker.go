@@ -75,7 +75,8 @@ func NewSpeaker(o SpeakerOptions) *Speaker {
 }
 
 // Changes is poked (coalesced) when the RIB or a session changes;
-// TakeChanges tells what changed.
+// TakeChanges tells what changed. The speaker's owner must take them (the
+// Controller does): until then the path changes accumulate.
 func (sp *Speaker) Changes() <-chan struct{} { return sp.changes }
 
 // TakeChanges returns the path changes since the last call, in order, or
