@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"os"
 	"os/exec"
 	"testing"
 	"time"
@@ -33,5 +34,37 @@ func TestRunningAndStop(t *testing.T) {
 	_ = cmd.Wait()
 	if Running(0) || Running(-1) {
 		t.Error("pid 0 or -1 reported running")
+	}
+}
+
+func TestCPU(t *testing.T) {
+	pid := os.Getpid()
+	before, err := CPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Spin until the kernel has charged this process two more clock ticks
+	// (the deadline only guards against a CPU that never moves).
+	deadline := time.Now().Add(30 * time.Second)
+	for n := 0; ; n++ {
+		if n%1_000_000 != 0 {
+			continue
+		}
+		now, err := CPU(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now < before {
+			t.Fatalf("CPU went back from %s to %s", before, now)
+		}
+		if now >= before+20*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CPU stuck at %s after 30 s of spinning (from %s)", now, before)
+		}
+	}
+	if _, err := CPU(0); err == nil {
+		t.Fatal("CPU(0): no error")
 	}
 }

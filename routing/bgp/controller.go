@@ -103,6 +103,7 @@ func (c *Controller) Run(ctx context.Context) {
 		rib       map[netip.Prefix][]Candidate
 		installed map[netip.Prefix][]netip.Addr // nil: a full sync is due
 		policy    ImportPolicy                  // installed was selected with it
+		replanned bool                          // the plan may have changed since
 		dirty     = map[netip.Prefix]bool{}
 		lastFull  = time.Now()
 		resyncIn  = c.resyncPeriod()
@@ -131,6 +132,7 @@ func (c *Controller) Run(ctx context.Context) {
 			return
 		case <-c.updates:
 			c.applyInput(ctx)
+			replanned = true
 		case <-c.sp.Changes():
 		case <-later.C:
 		case <-tick.C:
@@ -183,7 +185,7 @@ func (c *Controller) Run(ctx context.Context) {
 			for _, r := range routes {
 				installed[r.Dst] = r.NextHops
 			}
-			policy = plan.Import
+			policy, replanned = plan.Import, false
 			clear(dirty)
 			retryAt = time.Time{}
 			if err := c.o.FIB.Sync(routes, settled); err != nil {
@@ -198,7 +200,14 @@ func (c *Controller) Run(ctx context.Context) {
 			next = lastFull.Add(min(4*lastFull.Sub(t0), fullGap))
 			continue
 		}
-		check, all := policy.changes(plan.Import)
+		// The policy is compared only when a new input came: a burst of
+		// updates from peers leaves it alone.
+		var check []netip.Prefix
+		all := false
+		if replanned {
+			check, all = policy.changes(plan.Import)
+			policy, replanned = plan.Import, false
+		}
 		if len(dirty) == 0 && len(check) == 0 && !all {
 			continue
 		}
@@ -207,7 +216,6 @@ func (c *Controller) Run(ctx context.Context) {
 		if all {
 			check = slices.AppendSeq(slices.AppendSeq(check, maps.Keys(rib)), maps.Keys(installed))
 		}
-		policy = plan.Import
 		set, del := reselect(rib, installed, check, policy)
 		if err := c.o.FIB.Update(set, del); err != nil {
 			failed(err, "installing routes")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/weftnet/weft/internal/fsutil"
 	"github.com/weftnet/weft/internal/nlutil"
+	process "github.com/weftnet/weft/internal/proc"
 	"github.com/weftnet/weft/routing/bgp"
 )
 
@@ -326,31 +327,22 @@ func (k *kernels) meanSweep() time.Duration { return k.spent / time.Duration(max
 // at most within, and says how long that took and what they used.
 func (w *world) idle(b *testing.B, within time.Duration) string {
 	b.Helper()
-	cpu := func() (ticks int) {
+	cpu := func() (used time.Duration) {
 		for _, p := range w.nodes {
-			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+			d, err := process.CPU(p.cmd.Process.Pid)
 			if err != nil {
 				b.Fatal(err)
 			}
-			// utime and stime, the 14th and 15th fields, after the
-			// command's closing parenthesis.
-			f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-			for _, s := range f[11:13] {
-				n, err := strconv.Atoi(s)
-				if err != nil {
-					b.Fatalf("/proc/%d/stat: %v", p.cmd.Process.Pid, err)
-				}
-				ticks += n
-			}
+			used += d
 		}
-		return ticks
+		return used
 	}
 	start := time.Now()
 	var used float64 // cores, over the last second
 	for last := cpu(); time.Since(start) < within; {
 		time.Sleep(time.Second)
 		now := cpu()
-		used, last = float64(now-last)/100, now // clock ticks are 1/100 s
+		used, last = (now - last).Seconds(), now
 		if used < 1.0/3 {
 			break
 		}

@@ -40,9 +40,9 @@ func (f FIB) proto() netlink.RouteProtocol {
 // routes, so the routes a previous run installed keep forwarding. Every
 // failure is returned, joined, naming the route.
 func (f FIB) Sync(want []Route, prune bool) error {
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	h, err := openNetlink()
 	if err != nil {
-		return fmt.Errorf("opening netlink: %w", err)
+		return err
 	}
 	defer h.Close()
 	have, err := f.list(h)
@@ -52,21 +52,9 @@ func (f FIB) Sync(want []Route, prune bool) error {
 	var errs []error
 	gws := gateways{}
 	for _, w := range want {
-		cur, ok := have[w.Dst]
+		cur := have[w.Dst]
 		delete(have, w.Dst)
-		hops, err := gws.resolve(h, w.NextHops)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("route %s via %v: %w", w.Dst, w.NextHops, err))
-			continue
-		}
-		w.NextHops = hops
-		if ok && slices.Equal(cur.hops, w.NextHops) {
-			continue
-		}
-		nr := f.toNetlink(w)
-		if err := h.RouteReplace(&nr); err != nil {
-			errs = append(errs, fmt.Errorf("route %s via %v: %w", w.Dst, w.NextHops, err))
-		}
+		errs = append(errs, f.replace(h, gws, w, cur))
 	}
 	if prune {
 		for dst, k := range have {
@@ -89,23 +77,15 @@ func (f FIB) Update(set []Route, del []netip.Prefix) error {
 	if len(set) == 0 && len(del) == 0 {
 		return nil
 	}
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	h, err := openNetlink()
 	if err != nil {
-		return fmt.Errorf("opening netlink: %w", err)
+		return err
 	}
 	defer h.Close()
 	var errs []error
 	gws := gateways{}
 	for _, w := range set {
-		hops, err := gws.resolve(h, w.NextHops)
-		if err == nil {
-			w.NextHops = hops
-			nr := f.toNetlink(w)
-			err = h.RouteReplace(&nr)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("route %s via %v: %w", w.Dst, w.NextHops, err))
-		}
+		errs = append(errs, f.replace(h, gws, w, nil))
 	}
 	for _, dst := range del {
 		// The protocol is part of the match: only weft's BGP route goes.
@@ -117,14 +97,40 @@ func (f FIB) Update(set []Route, del []netip.Prefix) error {
 	return errors.Join(errs...)
 }
 
+// replace writes route w, its next hops resolved to gateways, unless cur
+// (what the kernel holds for its destination, if known) already matches.
+func (f FIB) replace(h *netlink.Handle, gws gateways, w Route, cur *kernelRoute) error {
+	hops, err := gws.resolve(h, w.NextHops)
+	if err == nil {
+		if cur != nil && slices.Equal(cur.hops, hops) {
+			return nil
+		}
+		w.NextHops = hops
+		nr := f.toNetlink(w)
+		err = h.RouteReplace(&nr)
+	}
+	if err != nil {
+		return fmt.Errorf("route %s via %v: %w", w.Dst, w.NextHops, err)
+	}
+	return nil
+}
+
+func openNetlink() (*netlink.Handle, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink: %w", err)
+	}
+	return h, nil
+}
+
 // Cleanup deletes every owned route (weft-agent --cleanup).
 func (f FIB) Cleanup() error { return f.Sync(nil, true) }
 
 // List returns the owned routes as Routes (for tests and status).
 func (f FIB) List() ([]Route, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	h, err := openNetlink()
 	if err != nil {
-		return nil, fmt.Errorf("opening netlink: %w", err)
+		return nil, err
 	}
 	defer h.Close()
 	have, err := f.list(h)

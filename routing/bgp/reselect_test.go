@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 )
 
 // TestIncrementalEqualsFull drives the controller's incremental path (paths
@@ -156,5 +158,22 @@ func TestIncrementalEqualsFull(t *testing.T) {
 				t.Fatalf("step %d: %s changed without being written", step, p)
 			}
 		}
+	}
+}
+
+// TestNLRIPrefix: both families' unicast NLRI give their prefix without
+// formatting, and another NLRI through its text.
+func TestNLRIPrefix(t *testing.T) {
+	for _, want := range []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:10:244:3::/64")} {
+		n, err := bgp.NewIPAddrPrefix(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := nlriPrefix(n); !ok || got != want {
+			t.Errorf("nlriPrefix(%s) = %s, %v", want, got, ok)
+		}
+	}
+	if _, ok := nlriPrefix(bgp.NewEVPNNLRI(bgp.EVPN_ROUTE_TYPE_ETHERNET_AUTO_DISCOVERY, nil)); ok {
+		t.Error("an EVPN NLRI read as a prefix")
 	}
 }

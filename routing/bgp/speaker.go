@@ -102,8 +102,8 @@ func (sp *Speaker) changed(relist bool, paths []*apiutil.Path) {
 		if sp.relist {
 			break // a listing to come holds it
 		}
-		prefix, err := netip.ParsePrefix(p.Nlri.String())
-		if err != nil {
+		prefix, ok := nlriPrefix(p.Nlri)
+		if !ok {
 			sp.relist = true
 			break
 		}
@@ -454,8 +454,8 @@ func (sp *Speaker) Candidates() ([]Candidate, error) {
 	for _, fam := range []bgp.Family{familyV4, familyV6} {
 		err := sp.s.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam},
 			func(nlri bgp.NLRI, paths []*apiutil.Path) {
-				prefix, err := netip.ParsePrefix(nlri.String())
-				if err != nil {
+				prefix, ok := nlriPrefix(nlri)
+				if !ok {
 					return
 				}
 				for _, p := range paths {
@@ -467,6 +467,16 @@ func (sp *Speaker) Candidates() ([]Candidate, error) {
 		}
 	}
 	return out, nil
+}
+
+// nlriPrefix is the prefix of a unicast NLRI (both families are
+// IPAddrPrefix: no formatting and parsing on the path of every update).
+func nlriPrefix(n bgp.NLRI) (netip.Prefix, bool) {
+	if p, ok := n.(*bgp.IPAddrPrefix); ok {
+		return p.Prefix, p.Prefix.IsValid()
+	}
+	p, err := netip.ParsePrefix(n.String())
+	return p, err == nil
 }
 
 func candidate(prefix netip.Prefix, p *apiutil.Path) Candidate {
