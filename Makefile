@@ -17,7 +17,7 @@ export WEFT_CNI_PATH := $(CNI_BIN)
 # know, and a static Go binary starts ~0.6 ms faster (no dynamic loader).
 export CGO_ENABLED := 0
 
-.PHONY: all deps build kube coredns lab lab-down test test-unit vm bench lint clean generate bpf-check image
+.PHONY: all deps build kube node e2e coredns lab lab-down test test-unit vm bench conformance lint clean generate bpf-check image
 
 all: build
 
@@ -45,6 +45,21 @@ build:
 # when missing or bumped.
 kube:
 	@bash hack/build-kube.sh
+
+# The lab's real nodes: containerd, its shim, ctr and pause (bin/node/,
+# hack/build-node.sh; the kubelet comes with `make kube`, runc from
+# Debian), and the images they import, there being no registry: pause, the
+# e2e suite's (agnhost and the images it stands for) and the lab workload's
+# (bin/images/).
+PORTER_CERTS = $(shell $(GO) -C hack/tools mod download -json k8s.io/kubernetes 2>/dev/null | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')/test/images/agnhost/porter
+node: build kube
+	@bash hack/build-node.sh
+	$(GO) run ./hack/mkimage -test-images $(BIN)/images -pause $(BIN)/node/pause -agnhost $(BIN)/agnhost \
+		-porter-certs $(PORTER_CERTS) -workload $(BIN)/weft-workload
+
+# The upstream e2e suite: bin/e2e.test and bin/ginkgo (hack/build-e2e.sh).
+e2e:
+	@bash hack/build-e2e.sh
 
 # CoreDNS (hack/coredns/go.mod), the DNS benchmark's peer; only rebuilt when
 # missing or bumped. Only bench needs it.
@@ -111,6 +126,13 @@ bench: deps build kube image coredns
 	$(GO) test -run '^$$' -bench BenchmarkConvergence -benchtime=1x -timeout 20m ./routing/bgp
 	# The topology exporter: API writes per minute at 100 pod starts/stops per minute, time from a freed address to the taint lifted.
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench TopologyExporter -benchtime=1x ./agent
+
+# The upstream [sig-network] e2e specs against a lab of real nodes, once
+# per proxy mode (CONFORMANCE_MODES; docs/conformance.md): JUnit and a
+# summary table under bin/conformance/.
+CONFORMANCE_FLAGS ?=
+conformance: deps build kube image node e2e
+	$(GO) run ./test/conformance $(CONFORMANCE_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the upstream Kubernetes control-plane binaries that weft's tests run
-# against -- bin/kube-apiserver, bin/kube-controller-manager, bin/kube-scheduler,
-# bin/kube-proxy, bin/kubectl --
-# from the Go modules pinned in hack/tools/go.mod.
+# Build the upstream Kubernetes binaries that weft's lab and tests run --
+# bin/kube-apiserver, bin/kube-controller-manager, bin/kube-scheduler,
+# bin/kube-proxy, bin/kubectl, and the lab nodes' bin/kubelet and the e2e
+# suite's pod program bin/agnhost -- from the Go modules pinned in
+# hack/tools/go.mod.
 #
 # Builds only what is needed: every binary when the Kubernetes version in
 # hack/tools/go.mod differs from the one recorded in bin/.kube-version, else
@@ -20,7 +21,9 @@ TOOLS=$ROOT/hack/tools
 BIN=$ROOT/bin
 STAMP=$BIN/.kube-version
 GO=${GO:-go}
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet agnhost)
+# The package of each binary, under k8s.io/kubernetes.
+pkg_of() { [[ $1 == agnhost ]] && echo test/images/agnhost || echo "cmd/$1"; }
 
 # shellcheck source=hack/build-lib.sh
 source "$ROOT/hack/build-lib.sh"
@@ -66,7 +69,7 @@ done
 pkgs=()
 for b in "${todo[@]}"; do
 	echo "building $b ($want)..." >&2
-	pkgs+=("k8s.io/kubernetes/cmd/$b")
+	pkgs+=("k8s.io/kubernetes/$(pkg_of "$b")")
 done
 
 # One go build for all of them (one package load, shared compilation), into a

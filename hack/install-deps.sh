@@ -18,6 +18,7 @@ packages=(
 	qemu-system-x86 busybox-static cpio kmod # test/vm: Debian's kernel booted under qemu (IPVS, Debian stable's kernel)
 	bird2      # the lab's top-of-rack router (weftctl lab up --racks): weft's BGP peer
 	frr        # a second kind of BGP peer in the BGP tests
+	runc       # the lab's real nodes: containerd's OCI runtime
 )
 
 missing=()

@@ -70,6 +70,16 @@ func issueCerts(dir string, nodes []Member, apiPort int) error {
 		return err
 	}
 
+	// The API server's identity toward kubelets (logs, exec,
+	// port-forward): kubelets authorize it by webhook, as system:masters.
+	kc, err := ca.Issue(pki.Leaf{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}})
+	if err != nil {
+		return err
+	}
+	if err := pki.WritePair(pkiDir, "apiserver-kubelet-client", kc.Cert, kc.Key); err != nil {
+		return err
+	}
+
 	inLab := fmt.Sprintf("https://%s:%d", ControlIP, APIServerPort)
 	type client struct {
 		file, cn, server string
@@ -113,13 +123,27 @@ func checkPodCIDRSize(size int) error {
 
 // controlPlane returns the control-plane daemons, all in the cp namespace;
 // each node's podCIDR is a /podCIDRSize of the cluster CIDR (0: the default).
-func controlPlane(dir, binDir string, podCIDRSize int) []Proc {
+func controlPlane(o Options) []Proc {
+	dir, binDir, podCIDRSize := o.Dir, o.BinDir, o.PodCIDRSize
 	if podCIDRSize == 0 {
 		podCIDRSize = DefaultPodCIDRSize
 	}
 	p := func(name string) string { return filepath.Join(dir, "pki", name) }
 	ns := netnsutil.RunDir + "/" + ControlNS
-	return []Proc{
+	// Real kubelets keep their own nodes' conditions, with the node
+	// lifecycle controller watching them and the API server tainting new
+	// nodes until they are ready; the API server reaches them (logs,
+	// exec, port-forward) at their InternalIP with its kubelet client
+	// certificate. The mini-kubelets keep their nodes Ready and serve no
+	// kubelet API: nothing would lift the taint.
+	apiserverNodes := []string{"--disable-admission-plugins", "TaintNodesByCondition"}
+	controllers := "*,-nodelifecycle"
+	if o.upstream() {
+		apiserverNodes = []string{"--kubelet-preferred-address-types", "InternalIP",
+			"--kubelet-client-certificate", p("apiserver-kubelet-client.crt"), "--kubelet-client-key", p("apiserver-kubelet-client.key")}
+		controllers = "*"
+	}
+	procs := []Proc{
 		{Name: "etcd", NS: ns, Args: []string{"etcd",
 			"--data-dir", filepath.Join(dir, "etcd"),
 			"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
@@ -132,11 +156,6 @@ func controlPlane(dir, binDir string, podCIDRSize int) []Proc {
 			"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"), "--client-ca-file", p("ca.crt"),
 			"--service-cluster-ip-range", ServiceCIDR,
 			"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
-			// No node lifecycle controller runs (the mini-kubelets keep
-			// their nodes Ready), so nothing would lift the not-ready
-			// taint this plugin puts on new nodes, and pods would never
-			// be scheduled.
-			"--disable-admission-plugins", "TaintNodesByCondition",
 			"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
 			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 			"--allow-privileged", "--profiling=false", "--v", "1",
@@ -148,8 +167,7 @@ func controlPlane(dir, binDir string, podCIDRSize int) []Proc {
 			"--use-service-account-credentials", "--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
 			"--allocate-node-cidrs", "--cluster-cidr", ClusterCIDR, "--node-cidr-mask-size", strconv.Itoa(podCIDRSize),
 			"--service-cluster-ip-range", ServiceCIDR,
-			// The lab's mini-kubelets keep their nodes Ready themselves.
-			"--controllers", "*,-nodelifecycle", "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
+			"--controllers", controllers, "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
 		}},
 		// The stock scheduler binds pods that name no node, with the
 		// default plugins (resources, taints, spreading).
@@ -160,6 +178,8 @@ func controlPlane(dir, binDir string, podCIDRSize int) []Proc {
 			"--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
 		}},
 	}
+	procs[1].Args = append(procs[1].Args, apiserverNodes...)
+	return procs
 }
 
 // waitAPIServer polls /readyz from inside the control-plane namespace.

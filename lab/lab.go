@@ -46,6 +46,10 @@ type Options struct {
 	// agents' own rules in nftables, no iptables tool run). Empty: the
 	// proxy mode's (nftables for the nftables proxy, else iptables).
 	Dataplane string `json:"dataplane,omitempty"`
+	// Kubelet is the nodes' flavour: KubeletUpstream (the upstream
+	// kubelet with containerd and runc) or KubeletMini (the lab's own;
+	// the default while tests move over).
+	Kubelet string `json:"kubelet,omitempty"`
 	// PodCIDRSize is the prefix length of each node's podCIDR (the
 	// controller-manager's --node-cidr-mask-size; 0: 24).
 	PodCIDRSize int `json:"podCIDRSize,omitempty"`
@@ -81,11 +85,14 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := checkPodCIDRSize(o.PodCIDRSize); err != nil {
 		return err
 	}
+	if err := checkKubelet(&o); err != nil {
+		return err
+	}
 	if existing, _ := labNamespaces(); len(existing) > 0 {
 		return fmt.Errorf("a lab is already running (namespaces %v): run `weftctl lab down` first", existing)
 	}
 	// No lab runs: lab cgroups still on the machine are a crashed lab's.
-	if err := removeLabCgroups(o.Dir); err != nil {
+	if err := errors.Join(removeLabCgroups(o.Dir), removeKubeletCgroups()); err != nil {
 		return fmt.Errorf("a crashed lab's cgroups: %w", err)
 	}
 	if o.Out == nil {
@@ -135,7 +142,7 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := issueCerts(o.Dir, NodeMembers(members), o.APIPort); err != nil {
 		return err
 	}
-	cp := controlPlane(o.Dir, o.BinDir, o.PodCIDRSize)
+	cp := controlPlane(o)
 	step("etcd and kube-apiserver")
 	for _, p := range cp[:2] {
 		if _, err := start(o.Dir, p); err != nil {
@@ -169,6 +176,12 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := prepareNodes(o, NodeMembers(members)); err != nil {
 		return err
 	}
+	if o.upstream() {
+		step("containerd and kubelet on %d nodes", o.Nodes)
+		if err := startRealNodes(waitCtx, o, NodeMembers(members)); err != nil {
+			return err
+		}
+	}
 	daemons := nodeDaemons(o, members)
 	if o.Racks > 1 && o.Routing == "bgp" {
 		tor, err := torDaemon(o.Dir, members, clusterASN)
@@ -178,7 +191,7 @@ func Up(ctx context.Context, o Options) (err error) {
 		step("ToR: BIRD, AS %d, a BGP session with each node", ToRASN)
 		daemons = append(daemons, tor)
 	}
-	step("kubelets on %d nodes, external workload", o.Nodes)
+	step("external workload")
 	for _, p := range daemons {
 		if _, err := start(o.Dir, p); err != nil {
 			return err
@@ -195,6 +208,33 @@ func Up(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	step("lab up: export KUBECONFIG=%s", AdminKubeconfig(o.Dir))
+	return nil
+}
+
+// checkKubelet fills in and checks the node flavour; real nodes need what
+// hack/build-node.sh and make test-images build, and runc.
+func checkKubelet(o *Options) error {
+	if o.Kubelet == "" {
+		o.Kubelet = KubeletMini
+	}
+	if !slices.Contains(Kubelets, o.Kubelet) {
+		return fmt.Errorf("--kubelet: %q is not one of %v", o.Kubelet, Kubelets)
+	}
+	if !o.upstream() {
+		return nil
+	}
+	for _, f := range []string{filepath.Join(o.BinDir, "kubelet"), filepath.Join(nodeBin(o.BinDir), "containerd"),
+		filepath.Join(nodeBin(o.BinDir), "containerd-shim-runc-v2"), filepath.Join(nodeBin(o.BinDir), "ctr"), runcPath,
+		filepath.Join(TestImagesDir(o.BinDir), "pause.oci.tar")} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("--kubelet upstream: %w (make node builds the node's programs and images)", err)
+		}
+	}
+	if hs, err := v1Hierarchies(); err == nil && len(hs) == 0 {
+		if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+			return errors.New("--kubelet upstream: this machine has a cgroup v2 hierarchy only; the lab's nodes run the kubelet on cgroup v1 (the machine's hybrid hierarchies)")
+		}
+	}
 	return nil
 }
 
@@ -233,7 +273,17 @@ func Restart(dir, name string) error {
 		}
 		return fmt.Errorf("the kubelet of %s did not restart weft-agent within 60s", node)
 	}
-	for _, p := range append(controlPlane(dir, st.BinDir, st.PodCIDRSize), nodeDaemons(st.Options, st.Members)...) {
+	daemons := append(controlPlane(st.Options), nodeDaemons(st.Options, st.Members)...)
+	if st.upstream() {
+		for _, n := range NodeMembers(st.Members) {
+			holder, ok := alive(dir, n.Name+"-ns")
+			if !ok {
+				continue
+			}
+			daemons = append(daemons, st.inNodeMounts(n, holder)...)
+		}
+	}
+	for _, p := range daemons {
 		if p.Name != name {
 			continue
 		}
@@ -258,11 +308,15 @@ func PID(dir, name string) (int, bool) {
 // NodeDir is a node's own state directory (CNI config, IPAM, pods, logs).
 func NodeDir(dir, node string) string { return filepath.Join(dir, "nodes", node) }
 
-// nodeDaemons are the nodes' kubelets and the external host's workload.
+// nodeDaemons are the external host's workload and the nodes'
+// mini-kubelets (real nodes' daemons start in startRealNodes).
 func nodeDaemons(o Options, members []Member) []Proc {
 	procs := []Proc{{Name: "ext-workload", NS: netnsutil.RunDir + "/" + ExternalNS, Args: []string{
 		filepath.Join(o.BinDir, "weft-workload"), "--name", "external",
 	}}}
+	if o.upstream() {
+		return procs
+	}
 	for _, n := range NodeMembers(members) {
 		procs = append(procs, Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Args: []string{
 			filepath.Join(o.BinDir, "weftctl"), "lab", "kubelet", "--dir", o.Dir, "--node", n.Name,
@@ -311,7 +365,18 @@ func Down(dir string) error {
 	}
 	proc.Stop(append(recordedPIDs(dir), inNS...), 5*time.Second)
 	var errs []error
+	// Real nodes: their pods' processes are in the nodes' v1 cgroups,
+	// not in lab namespaces.
+	if err := removeKubeletCgroups(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := removeProxyMode(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if st, err := Load(dir); err == nil {
+		removeCreatedPaths(dir, NodeMembers(st.Members))
+	}
+	if err := restoreSysctls(dir); err != nil {
 		errs = append(errs, err)
 	}
 	for _, n := range names {

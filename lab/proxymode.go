@@ -62,9 +62,12 @@ func resolveDataplane(o *Options) error {
 // directory (the cgroup v2 hierarchy is the machine's one, seen through a
 // mount of its own), and Down removes the cgroups and the mounts.
 
-// nodeCgroup is a node's cgroup, "" outside the eBPF mode.
+// nodeCgroup is a node's cgroup v2 directory: the eBPF mode's socket
+// programs attach there, and real nodes run in it (their containers'
+// cgroup v2 membership is the node's). "" for mini-kubelet nodes outside
+// the eBPF mode.
 func (o Options) nodeCgroup(node string) string {
-	if o.ProxyMode != "ebpf" {
+	if o.ProxyMode != "ebpf" && !o.upstream() {
 		return ""
 	}
 	return filepath.Join(cgroupDir(o.Dir), NSPrefix+node)
@@ -74,23 +77,28 @@ func (o Options) nodeCgroup(node string) string {
 func cgroupDir(dir string) string { return filepath.Join(dir, "cgroup2") }
 func bpffsDir(dir string) string  { return filepath.Join(dir, "bpffs") }
 
-// prepareProxyMode makes what the agents' proxy mode needs on the host:
-// for eBPF, the nodes' cgroups and the bpffs.
+// prepareProxyMode makes the nodes' cgroups, and for eBPF the bpffs.
 func prepareProxyMode(o Options, nodes []Member) error {
-	if o.ProxyMode != "ebpf" {
-		return nil
+	mounts := map[string]string{}
+	if o.nodeCgroup("") != "" {
+		mounts["cgroup2"] = cgroupDir(o.Dir)
 	}
-	for fstype, dir := range map[string]string{"cgroup2": cgroupDir(o.Dir), "bpf": bpffsDir(o.Dir)} {
+	if o.ProxyMode == "ebpf" {
+		mounts["bpf"] = bpffsDir(o.Dir)
+	}
+	for fstype, dir := range mounts {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
 		if err := unix.Mount(fstype, dir, fstype, 0, ""); err != nil {
-			return fmt.Errorf("--proxy-mode ebpf: mounting %s on %s: %w", fstype, dir, err)
+			return fmt.Errorf("mounting %s on %s: %w", fstype, dir, err)
 		}
 	}
 	for _, n := range nodes {
-		if err := os.Mkdir(o.nodeCgroup(n.Name), 0o755); err != nil {
-			return fmt.Errorf("node %s's cgroup: %w", n.Name, err)
+		if cg := o.nodeCgroup(n.Name); cg != "" {
+			if err := os.Mkdir(cg, 0o755); err != nil {
+				return fmt.Errorf("node %s's cgroup: %w", n.Name, err)
+			}
 		}
 	}
 	return nil

@@ -38,6 +38,7 @@ func labUp(args []string) error {
 	dataplane := fs.String("dataplane", "", "where the agents' packet rules live: "+strings.Join(lab.Dataplanes, ", ")+" (default: nftables with --proxy-mode nftables, else iptables)")
 	podCIDRSize := fs.Int("pod-cidr-size", lab.DefaultPodCIDRSize, "prefix length of each node's podCIDR, within the cluster's "+lab.ClusterCIDR)
 	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
+	kubeletKind := fs.String("kubelet", lab.KubeletMini, "the nodes' kubelet: "+strings.Join(lab.Kubelets, ", ")+" (upstream: kubelet, containerd and runc)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -48,7 +49,7 @@ func labUp(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return lab.Up(ctx, lab.Options{
-		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, PodCIDRSize: *podCIDRSize, Kubelet: *kubeletKind, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
 	})
 }
 
@@ -140,10 +141,7 @@ func memberOrPodNS(dir string, st *lab.State, name string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%q is neither a lab member nor a pod: %w", name, err)
 	}
-	if p.Spec.NodeName == "" || p.Status.PodIP == "" {
-		return "", fmt.Errorf("pod %s/%s is not running on a node yet", ns, pod)
-	}
-	return netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, p.Spec.NodeName, p.UID), nil
+	return st.PodNetNS(p)
 }
 
 // labForward is the lab's API forwarder daemon (started by lab up).
@@ -214,6 +212,20 @@ func labKubelet(args []string) error {
 	o := st.KubeletOptions(*me)
 	o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	return kubelet.Run(ctx, o)
+}
+
+// labNodeNS holds a real node's mount namespace (started by lab up).
+func labNodeNS(args []string) error {
+	fs, dir := newFlags("node-ns")
+	node := fs.String("node", "", "node name")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	st, err := lab.Load(*dir)
+	if err != nil {
+		return err
+	}
+	return lab.NodeNamespace(st.Options, *node)
 }
 
 // labContainer is the container shim the lab's kubelet starts for a

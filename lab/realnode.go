@@ -1,0 +1,591 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab/kubelet"
+)
+
+// A real lab node is what a cluster's node runs: the upstream kubelet and
+// containerd with runc, calling weft's CNI plugin for every pod. Each node
+// is three lab daemons in the node's network namespace:
+//
+//   - <node>-ns holds the node's mount namespace (`unshare --mount`, a
+//     slave of the machine's, shared inside so that the kubelet's volume
+//     mounts reach runc): it binds the node's own directories over the
+//     machine paths a node has its own of (nodeBinds) and waits;
+//   - <node>-containerd and <node>-kubelet enter that mount namespace
+//     (`nsenter --mount`), so both see the same files, mounts and pod
+//     network namespaces, with every path of their own under the node's
+//     directory (NodeRoot).
+//
+// The kubelet runs on the machine's cgroup v1 hierarchies under a cgroup
+// root of the node's (/weftlab-<node> in each), and the node's daemons in
+// the node's cgroup v2 directory, as the eBPF mode needs.
+
+// Kubelets are the node flavours: the upstream kubelet with containerd, or
+// the lab's mini-kubelet.
+const (
+	KubeletUpstream = "upstream"
+	KubeletMini     = "mini"
+)
+
+// Kubelets lists the node flavours.
+var Kubelets = []string{KubeletUpstream, KubeletMini}
+
+// upstream reports whether the lab's nodes run the upstream kubelet.
+func (o Options) upstream() bool { return o.Kubelet == KubeletUpstream }
+
+// nodeBin is where hack/build-node.sh puts containerd, its shim, ctr and
+// pause.
+func nodeBin(binDir string) string { return filepath.Join(binDir, "node") }
+
+// runcPath is Debian's runc (hack/install-deps.sh).
+const runcPath = "/usr/sbin/runc"
+
+// TestImagesDir holds the images every real node imports besides weft's:
+// pause, the e2e suite's and the lab workload's (make test-images).
+func TestImagesDir(binDir string) string { return filepath.Join(binDir, "images") }
+
+// kubeletSysctls are the host-wide kernel settings the kubelet writes at
+// start (they are not per namespace): Up records them before the first
+// kubelet starts and Down puts them back.
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// nodeBind is a machine path bound to a node's own file in its mount
+// namespace.
+type nodeBind struct {
+	Target, Source string
+	File           bool
+}
+
+// nodeBinds are the binds of a node's mount namespace: the paths its
+// pods' hostPath volumes name (deploy/'s DaemonSet), and in the eBPF mode
+// the bpffs and the cgroup v2 hierarchy, which become the node's own
+// (the machine's root cgroup is never attached to).
+func (o Options) nodeBinds(node string) []nodeBind {
+	root := NodeRoot(o.Dir, node)
+	var b []nodeBind
+	for _, p := range nodePaths {
+		b = append(b, nodeBind{Target: p, Source: filepath.Join(root, p), File: p == "/run/xtables.lock"})
+	}
+	// The kubelet's own directory, and the links to pods' logs it keeps in
+	// a fixed place.
+	for _, p := range []string{"/var/lib/kubelet", "/var/log/containers"} {
+		b = append(b, nodeBind{Target: p, Source: filepath.Join(root, p)})
+	}
+	if cg := o.nodeCgroup(node); cg != "" {
+		b = append(b, nodeBind{Target: "/sys/fs/cgroup/unified", Source: cg})
+	}
+	if o.ProxyMode == "ebpf" {
+		b = append(b, nodeBind{Target: "/sys/fs/bpf", Source: filepath.Join(bpffsDir(o.Dir), node)})
+	}
+	return b
+}
+
+// createdPaths records the mount points a node's namespace had to create
+// on the machine (Down removes them).
+func createdPaths(dir, node string) string { return filepath.Join(NodeDir(dir, node), "created-paths") }
+
+// NodeNamespace is `weftctl lab node-ns`: run in a new mount namespace
+// (unshare --mount --propagation slave), it makes the namespace's mounts
+// shared, binds the node's directories, writes the ready file and waits
+// for SIGTERM. The namespace lives on in the node's daemons.
+func NodeNamespace(o Options, node string) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("making / shared: %w", err)
+	}
+	var created []string
+	for _, b := range o.nodeBinds(node) {
+		if _, err := os.Stat(b.Target); errors.Is(err, os.ErrNotExist) {
+			if err := makeMountPoint(b.Target, b.File, &created); err != nil {
+				return err
+			}
+		}
+		if err := unix.Mount(b.Source, b.Target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding %s over %s: %w", b.Source, b.Target, err)
+		}
+	}
+	if err := os.WriteFile(createdPaths(o.Dir, node), []byte(strings.Join(created, "\n")), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(nsReady(o.Dir, node), nil, 0o644); err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	return nil
+}
+
+// makeMountPoint creates path (a directory, or an empty file) and the
+// directories above it that are missing, recording each it made.
+func makeMountPoint(path string, file bool, created *[]string) error {
+	var missing []string
+	for p := filepath.Dir(path); p != "/"; p = filepath.Dir(p) {
+		if _, err := os.Stat(p); err == nil {
+			break
+		}
+		missing = append([]string{p}, missing...)
+	}
+	for _, p := range missing {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return fmt.Errorf("mount point %s: %w", path, err)
+		}
+		*created = append(*created, p)
+	}
+	var err error
+	if file {
+		err = os.WriteFile(path, nil, 0o600)
+	} else {
+		err = os.Mkdir(path, 0o755)
+	}
+	if err != nil {
+		return fmt.Errorf("mount point %s: %w", path, err)
+	}
+	*created = append(*created, path)
+	return nil
+}
+
+func nsReady(dir, node string) string { return filepath.Join(NodeDir(dir, node), "ns-ready") }
+
+// containerdSocket is the node's containerd API socket.
+func containerdSocket(dir, node string) string {
+	return filepath.Join(NodeRoot(dir, node), "run/containerd/containerd.sock")
+}
+
+// containerdConfig is the node's containerd configuration: every path its
+// own, its CNI configuration and plugins where the node's agent and
+// install-cni put them, pods' network namespaces under its state
+// directory, runc's cgroupfs driver, and the sandbox image pinned (the
+// images are imported: there is no registry).
+func (o Options) containerdConfig(node string) string {
+	root := NodeRoot(o.Dir, node)
+	p := func(rel string) string { return strconv.Quote(filepath.Join(root, rel)) }
+	// root and state come before any table: under a table they would
+	// belong to it, and containerd would fall back to the machine's
+	// /var/lib/containerd.
+	return fmt.Sprintf(`version = 3
+root = %s
+state = %s
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = %s
+
+[ttrpc]
+  address = %s
+
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_selinux = false
+  # No CAP_SYS_RESOURCE here: runc may not lower a process's OOM score.
+  restrict_oom_score_adj = true
+  # Pods' network namespaces are the node's: under its state directory,
+  # not the machine's /run/netns.
+  netns_mounts_under_state_dir = true
+  tolerate_missing_hugetlb_controller = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = %q
+        Root = %s
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%s]
+    conf_dir = %s
+    max_conf_num = 1
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = %q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %s
+`, p("var/lib/containerd"), p("run/containerd"),
+		p("run/containerd/containerd.sock"), p("run/containerd/containerd.sock.ttrpc"),
+		runcPath, p("run/runc"), p("opt/cni/bin"), p("etc/cni/net.d"), PauseImage, p("opt/containerd"))
+}
+
+// PauseImage is the pod sandbox image (the kubelet's and containerd's
+// default for Kubernetes 1.36).
+const PauseImage = "registry.k8s.io/pause:3.10.2"
+
+// kubeletCgroupRoot is the node's cgroup root in every v1 hierarchy.
+func kubeletCgroupRoot(node string) string { return "/" + NSPrefix + node }
+
+// kubeletConfig is the node's KubeletConfiguration: on cgroup v1 with the
+// cgroupfs driver under the node's cgroup root, no eviction or image
+// garbage collection (the images were imported and cannot be pulled
+// again), webhook authentication and authorization, the node's own
+// directories.
+func (o Options) kubeletConfig(node Member) string {
+	root := NodeRoot(o.Dir, node.Name)
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: %s
+cgroupsPerQOS: true
+enforceNodeAllocatable: [pods]
+containerRuntimeEndpoint: unix://%s
+address: %s
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %s}
+authorization:
+  mode: Webhook
+clusterDNS: [%s]
+clusterDomain: cluster.local
+resolvConf: %s
+failSwapOn: false
+protectKernelDefaults: false
+evictionHard: {memory.available: "0%%", nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+podLogsDir: %s
+serializeImagePulls: false
+maxPods: 110
+nodeStatusUpdateFrequency: 4s
+syncFrequency: 10s
+fileCheckFrequency: 20s
+volumeStatsAggPeriod: 0s
+localStorageCapacityIsolation: false
+`, kubeletCgroupRoot(node.Name), containerdSocket(o.Dir, node.Name), node.IP,
+		filepath.Join(o.Dir, "pki", "ca.crt"), ClusterDNS, "/etc/resolv.conf",
+		filepath.Join(root, "var/log/pods"))
+}
+
+// prepareRealNode writes a node's configuration files and directories.
+func prepareRealNode(o Options, n Member) error {
+	root := NodeRoot(o.Dir, n.Name)
+	for _, d := range []string{"var/lib/kubelet", "var/log/containers", "var/lib/containerd", "run/containerd", "run/runc", "var/log/pods", "etc/containerd", "etc/kubernetes", "opt/containerd"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	// A node's resolver for dnsPolicy Default pods: the lab has no DNS of
+	// its own outside the cluster's.
+	files := map[string]string{
+		"etc/containerd/config.toml":  o.containerdConfig(n.Name),
+		"etc/kubernetes/kubelet.yaml": o.kubeletConfig(n),
+		"etc/resolv.conf":             "nameserver " + ExternalIP.String() + "\n",
+		"run/xtables.lock":            "",
+	}
+	for rel, content := range files {
+		if err := os.WriteFile(filepath.Join(root, rel), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	// The loopback plugin is the node's, as a distribution ships it with
+	// the runtime: containerd wires every pod's lo with it.
+	return copyExecutable(filepath.Join(o.BinDir, "cni", "loopback"), filepath.Join(root, "opt/cni/bin/loopback"))
+}
+
+func copyExecutable(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o755)
+}
+
+// v1Hierarchies lists the machine's cgroup v1 mount points.
+func v1Hierarchies() ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && f[2] == "cgroup" {
+			out = append(out, f[1])
+		}
+	}
+	return out, nil
+}
+
+// makeKubeletCgroups creates the node's cgroup root in every v1 hierarchy
+// (the kubelet requires it to exist), with the cpuset's CPUs and memory
+// nodes of the parent.
+func makeKubeletCgroups(node string) error {
+	hs, err := v1Hierarchies()
+	if err != nil {
+		return err
+	}
+	for _, h := range hs {
+		g := filepath.Join(h, kubeletCgroupRoot(node))
+		if err := os.Mkdir(g, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("node %s's cgroup root: %w", node, err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if v, err := os.ReadFile(filepath.Join(h, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(g, f), v, 0o644); err != nil {
+					return fmt.Errorf("%s: %w", filepath.Join(g, f), err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// removeKubeletCgroups removes every lab cgroup root of the v1
+// hierarchies, killing what is left in them.
+func removeKubeletCgroups() error {
+	hs, err := v1Hierarchies()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, h := range hs {
+		groups, _ := filepath.Glob(filepath.Join(h, NSPrefix+"*"))
+		for _, g := range groups {
+			killCgroupV1(g)
+			if err := removeCgroupTree(g); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// killCgroupV1 SIGKILLs every process of a v1 cgroup and its descendants.
+func killCgroupV1(g string) {
+	_ = filepath.WalkDir(g, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		return nil
+	})
+}
+
+// sysctlsPath records the machine's settings the kubelets change.
+func sysctlsPath(dir string) string { return filepath.Join(dir, "machine-sysctls") }
+
+// recordSysctls saves the machine's values of kubeletSysctls, unless a
+// record exists (a lab restarted in the same directory keeps the first).
+func recordSysctls(dir string) error {
+	if _, err := os.Stat(sysctlsPath(dir)); err == nil {
+		return nil
+	}
+	var b strings.Builder
+	for _, s := range kubeletSysctls {
+		v, err := os.ReadFile("/proc/sys/" + s)
+		if err != nil {
+			continue // a setting this kernel lacks
+		}
+		fmt.Fprintf(&b, "%s %s\n", s, strings.TrimSpace(string(v)))
+	}
+	return os.WriteFile(sysctlsPath(dir), []byte(b.String()), 0o644)
+}
+
+// restoreSysctls writes the recorded settings back.
+func restoreSysctls(dir string) error {
+	b, err := os.ReadFile(sysctlsPath(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		name, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		if err := os.WriteFile("/proc/sys/"+name, []byte(value), 0o644); err != nil {
+			errs = append(errs, fmt.Errorf("restoring %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCreatedPaths removes the mount points the nodes' namespaces made
+// on the machine, deepest first, if they are still empty.
+func removeCreatedPaths(dir string, nodes []Member) {
+	for _, n := range nodes {
+		b, err := os.ReadFile(createdPaths(dir, n.Name))
+		if err != nil {
+			continue
+		}
+		paths := strings.Fields(string(b))
+		for i := len(paths) - 1; i >= 0; i-- {
+			_ = os.Remove(paths[i]) // fails, and stays, if something else put files there
+		}
+	}
+}
+
+// nodeNSDaemon is the holder of a node's mount namespace.
+func (o Options) nodeNSDaemon(n Member, weftctl string) Proc {
+	return Proc{Name: n.Name + "-ns", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Args: []string{
+		"unshare", "--mount", "--propagation", "slave", "--",
+		weftctl, "lab", "node-ns", "--dir", o.Dir, "--node", n.Name,
+	}}
+}
+
+// inNodeMounts are the daemons that enter the node's mount namespace.
+func (o Options) inNodeMounts(n Member, holder int) []Proc {
+	enter := []string{"nsenter", "--mount=/proc/" + strconv.Itoa(holder) + "/ns/mnt", "--"}
+	root := NodeRoot(o.Dir, n.Name)
+	path := "PATH=" + nodeBin(o.BinDir) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	kubelet := []string{filepath.Join(o.BinDir, "kubelet"),
+		"--config", filepath.Join(root, "etc/kubernetes/kubelet.yaml"),
+		"--kubeconfig", filepath.Join(o.Dir, n.Name+"-kubelet.kubeconfig"),
+		"--root-dir", filepath.Join(root, "var/lib/kubelet"),
+		"--hostname-override", n.Name, "--node-ip", n.IP.String(), "--v", "1",
+	}
+	if o.Racks > 1 {
+		kubelet = append(kubelet, "--node-labels", RackLabel+"="+strconv.Itoa(n.Rack))
+	}
+	return []Proc{
+		{Name: n.Name + "-containerd", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Env: []string{path},
+			Args: append(enter, filepath.Join(nodeBin(o.BinDir), "containerd"), "--config", filepath.Join(root, "etc/containerd/config.toml"))},
+		{Name: n.Name + "-kubelet", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Env: []string{path},
+			Args: append(enter, kubelet...)},
+	}
+}
+
+// startRealNodes brings up every node's mount namespace, containerd (with
+// the images imported) and kubelet.
+func startRealNodes(ctx context.Context, o Options, nodes []Member) error {
+	weftctl := filepath.Join(o.BinDir, "weftctl")
+	for _, n := range nodes {
+		if err := prepareRealNode(o, n); err != nil {
+			return err
+		}
+		if err := makeKubeletCgroups(n.Name); err != nil {
+			return err
+		}
+	}
+	if err := recordSysctls(o.Dir); err != nil {
+		return err
+	}
+	errs := make(chan error, len(nodes))
+	for _, n := range nodes {
+		go func() { errs <- startRealNode(ctx, o, n, weftctl) }()
+	}
+	var all []error
+	for range nodes {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
+}
+
+func startRealNode(ctx context.Context, o Options, n Member, weftctl string) error {
+	holder, err := start(o.Dir, o.nodeNSDaemon(n, weftctl))
+	if err != nil {
+		return err
+	}
+	if err := waitFile(ctx, o.Dir, nsReady(o.Dir, n.Name), n.Name+"-ns"); err != nil {
+		return err
+	}
+	procs := o.inNodeMounts(n, holder)
+	if _, err := start(o.Dir, procs[0]); err != nil {
+		return err
+	}
+	if err := waitFile(ctx, o.Dir, containerdSocket(o.Dir, n.Name), procs[0].Name); err != nil {
+		return err
+	}
+	if err := importImages(ctx, o, n.Name); err != nil {
+		return err
+	}
+	_, err = start(o.Dir, procs[1])
+	return err
+}
+
+// waitFile waits until path exists, or fails naming the daemon and its
+// log once the daemon has died.
+func waitFile(ctx context.Context, dir, path, daemon string) error {
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		if _, ok := alive(dir, daemon); !ok {
+			return fmt.Errorf("%s exited (see %s):\n%s", daemon, logPath(dir, daemon), tail(logPath(dir, daemon), 8))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not make %s (see %s): %w", daemon, path, logPath(dir, daemon), ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// importImages imports weft's image and the test images into the node's
+// containerd (namespace k8s.io, where the CRI plugin looks).
+func importImages(ctx context.Context, o Options, node string) error {
+	archives, _ := filepath.Glob(filepath.Join(TestImagesDir(o.BinDir), "*.oci.tar"))
+	archives = append([]string{filepath.Join(o.BinDir, ImageArchive)}, archives...)
+	for _, a := range archives {
+		cmd := exec.CommandContext(ctx, filepath.Join(nodeBin(o.BinDir), "ctr"), "--address", containerdSocket(o.Dir, node),
+			"-n", "k8s.io", "images", "import", a)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("node %s: importing %s: %w: %s", node, filepath.Base(a), err, out)
+		}
+	}
+	return nil
+}
+
+// PodNetNS is the path of a running pod's network namespace: the
+// mini-kubelet's named namespace, or on a real node that of a process of
+// the pod (found by its cgroup, which the kubelet names after the pod's
+// UID; the pod's sandbox lives as long as the pod).
+func (st *State) PodNetNS(p *corev1.Pod) (string, error) {
+	if p.Spec.NodeName == "" || p.Status.PodIP == "" {
+		return "", fmt.Errorf("pod %s/%s is not running on a node yet", p.Namespace, p.Name)
+	}
+	if !st.upstream() {
+		return netnsutil.RunDir + "/" + kubelet.PodNetNS(NSPrefix, p.Spec.NodeName, p.UID), nil
+	}
+	want := "/pod" + string(p.UID) + "/"
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return "", err
+	}
+	for _, e := range procs {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cgroup")
+		if err == nil && strings.Contains(string(b), want) {
+			return "/proc/" + e.Name() + "/ns/net", nil
+		}
+	}
+	return "", fmt.Errorf("pod %s/%s: no process of it on %s", p.Namespace, p.Name, p.Spec.NodeName)
+}
