@@ -55,7 +55,7 @@ PORTER_CERTS = $(shell $(GO) -C hack/tools mod download -json k8s.io/kubernetes 
 node: build kube
 	@bash hack/build-node.sh
 	$(GO) run ./hack/mkimage -test-images $(BIN)/images -pause $(BIN)/node/pause -agnhost $(BIN)/agnhost \
-		-porter-certs $(PORTER_CERTS) -workload $(BIN)/weft-workload
+		-porter-certs $(PORTER_CERTS) -workload $(BIN)/weft-workload -regression-74839 $(BIN)/node/regression-issue-74839
 
 # The upstream e2e suite: bin/e2e.test and bin/ginkgo (hack/build-e2e.sh).
 e2e:

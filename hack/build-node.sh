@@ -3,7 +3,7 @@
 # ctr and containerd-shim-runc-v2 at CONTAINERD_VERSION, into bin/node/, and
 # the pause program of pod sandboxes (bin/node/pause: upstream's pause.c from
 # the k8s.io/kubernetes module that hack/tools/go.mod pins, built static with
-# the system's gcc). runc comes from Debian (hack/install-deps.sh). The
+# the system's gcc), and the e2e suite's regression-issue-74839 server. runc comes from Debian (hack/install-deps.sh). The
 # kubelet itself is built by hack/build-kube.sh with the control plane.
 #
 # Builds only what is missing or was built at another version; quiet on
@@ -40,6 +40,14 @@ if [[ ! -x $OUT/containerd || ! -x $OUT/ctr || ! -x $OUT/containerd-shim-runc-v2
 	rm -f "$stamp"
 	mv -f "$tmp"/* "$OUT/"
 	echo "$CONTAINERD_VERSION" >"$stamp"
+fi
+
+# The invalid-conntrack-state spec's server, one more image of the e2e
+# suite (make node), built with the suite's module.
+if [[ ! -x $OUT/regression-issue-74839 ]]; then
+	echo "building regression-issue-74839..." >&2
+	"$GO" -C "$ROOT/hack/tools" build -mod=readonly -trimpath -ldflags "-s -w" -o "$OUT/regression-issue-74839" \
+		k8s.io/kubernetes/test/images/regression-issue-74839 >"$log" 2>&1 || fail "go build regression-issue-74839 failed"
 fi
 
 if [[ ! -x $OUT/pause ]]; then

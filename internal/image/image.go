@@ -4,6 +4,10 @@
 // from Debian's packages, and a layer with weft's static binaries, written
 // as an OCI archive by internal/ociimage. The Dockerfile at the repository
 // root builds the same content for users with a container engine.
+//
+// BuildTestImages (e2e.go) builds, the same way, the images the lab's pods
+// run: stand-ins for those of the upstream e2e suite's [sig-network] specs
+// and the lab's workload.
 package image
 
 import (
@@ -13,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -51,7 +56,7 @@ type Options struct {
 
 // Build downloads the packages (Fetch) and writes the image to o.Out.
 func Build(ctx context.Context, o Options) error {
-	debs, err := Fetch(ctx, o.CacheDir)
+	debs, err := Fetch(ctx, o.CacheDir, Packages)
 	if err != nil {
 		return err
 	}
@@ -61,18 +66,22 @@ func Build(ctx context.Context, o Options) error {
 	}
 	defer os.RemoveAll(work)
 	rootfs, weft := filepath.Join(work, "rootfs"), filepath.Join(work, "weft")
-	var versions []string
-	for _, d := range debs {
-		if out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", d, rootfs).CombinedOutput(); err != nil {
-			return fmt.Errorf("unpacking %s: %v: %s", d, err, out)
-		}
-		versions = append(versions, strings.TrimSuffix(filepath.Base(d), ".deb"))
+	versions, err := unpack(ctx, debs, rootfs)
+	if err != nil {
+		return err
 	}
-	if err := trim(rootfs); err != nil {
+	// The iptables names weft calls point at the wrapper that picks the
+	// node's variant.
+	for _, name := range iptmode.Names {
+		if err := os.Symlink(wrapper, filepath.Join(rootfs, iptmode.SbinDir, name)); err != nil {
+			return fmt.Errorf("iptables link %s: %w", name, err)
+		}
+	}
+	if err := mkdirs(rootfs, "var/run", "etc/weft"); err != nil {
 		return err
 	}
 	for from, to := range Binaries {
-		if err := copyFile(filepath.Join(o.BinDir, from), filepath.Join(weft, to)); err != nil {
+		if err := copyFile(filepath.Join(o.BinDir, from), filepath.Join(weft, to), 0o755); err != nil {
 			return fmt.Errorf("weft binary %s (run make build): %w", from, err)
 		}
 	}
@@ -88,49 +97,60 @@ func Build(ctx context.Context, o Options) error {
 	})
 }
 
-// Fetch downloads Packages and their dependencies (the versions apt
-// resolves on this machine, Debian stable's) into cacheDir, and returns
-// the .deb files.
-func Fetch(ctx context.Context, cacheDir string) ([]string, error) {
-	args := append([]string{"depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
-		"--no-breaks", "--no-replaces", "--no-enhances", "--no-pre-depends"}, Packages...)
-	out, err := exec.CommandContext(ctx, "apt-cache", args...).Output()
-	if err != nil {
-		return nil, fmt.Errorf("apt-cache depends %s: %w", strings.Join(Packages, " "), err)
-	}
-	var pkgs []string
-	for _, line := range strings.Split(string(out), "\n") {
-		// Top-level lines are packages; indented ones are relations,
-		// and <name> is a virtual package some real one provides.
-		if line != "" && !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "<") {
-			pkgs = append(pkgs, line)
-		}
-	}
-	slices.Sort(pkgs)
-	pkgs = slices.Compact(pkgs)
+// Fetch downloads packages and their dependencies (the versions apt
+// resolves on this machine, Debian stable's) into cacheDir, unless they are
+// there already, and returns the .deb files. apt's own resolver picks the
+// dependencies, as if nothing were installed: Pre-Depends count, and one
+// package of each alternative.
+func Fetch(ctx context.Context, cacheDir string, packages []string) ([]string, error) {
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
-	// Package lists older than the mirror name files it no longer has:
-	// refresh them once and retry.
-	if err := aptDownload(ctx, cacheDir, pkgs); err != nil {
+	// Package lists older than the mirror name files it no longer has, and
+	// a machine may have none yet: refresh them once and retry.
+	for retried := false; ; retried = true {
+		debs, missing, err := resolve(ctx, cacheDir, packages)
+		if err == nil && len(missing) > 0 {
+			err = aptDownload(ctx, cacheDir, missing)
+		}
+		if err == nil || retried {
+			return debs, err
+		}
 		if out, uerr := exec.CommandContext(ctx, "apt-get", "update", "-qq").CombinedOutput(); uerr != nil {
 			return nil, fmt.Errorf("%w (and apt-get update: %v: %s)", err, uerr, out)
 		}
-		if err := aptDownload(ctx, cacheDir, pkgs); err != nil {
-			return nil, err
+	}
+}
+
+// simulatedInstall matches what `apt-get install -s` would unpack:
+// "Inst NAME (VERSION ORIGINS [ARCH])".
+var simulatedInstall = regexp.MustCompile(`(?m)^Inst (\S+) \((\S+) [^\[]*\[([^\]]+)\]\)`)
+
+// resolve lists the .deb files packages and their dependencies are in
+// (cacheDir/NAME_VERSION_ARCH.deb, as apt-get download names them), and
+// the NAME=VERSION of those not there yet.
+func resolve(ctx context.Context, cacheDir string, packages []string) (debs, missing []string, err error) {
+	args := append([]string{"install", "-s", "-qq", "--no-install-recommends", "-o", "Dir::State::status=/dev/null"}, packages...)
+	out, err := exec.CommandContext(ctx, "apt-get", args...).CombinedOutput()
+	if err != nil {
+		return nil, nil, fmt.Errorf("resolving %s: apt-get install -s: %w: %s", strings.Join(packages, " "), err, out)
+	}
+	// By name, as dpkg-deb -x runs in this order (a later package's file
+	// replaces an earlier one's).
+	insts := simulatedInstall.FindAllStringSubmatch(string(out), -1)
+	slices.SortFunc(insts, func(a, b []string) int { return strings.Compare(a[1], b[1]) })
+	for _, m := range insts {
+		name, version, arch := m[1], m[2], m[3]
+		deb := filepath.Join(cacheDir, name+"_"+strings.ReplaceAll(version, ":", "%3a")+"_"+arch+".deb")
+		debs = append(debs, deb)
+		if _, err := os.Stat(deb); err != nil {
+			missing = append(missing, name+"="+version)
 		}
 	}
-	var debs []string
-	for _, p := range pkgs {
-		m, _ := filepath.Glob(filepath.Join(cacheDir, p+"_*.deb"))
-		if len(m) == 0 {
-			return nil, fmt.Errorf("package %s: no .deb in %s after apt-get download", p, cacheDir)
-		}
-		slices.Sort(m)
-		debs = append(debs, m[len(m)-1])
+	if len(debs) == 0 {
+		return nil, nil, fmt.Errorf("resolving %s: apt-get install -s lists no package:\n%s", strings.Join(packages, " "), out)
 	}
-	return debs, nil
+	return debs, missing, nil
 }
 
 func aptDownload(ctx context.Context, dir string, pkgs []string) error {
@@ -144,22 +164,30 @@ func aptDownload(ctx context.Context, dir string, pkgs []string) error {
 	return nil
 }
 
-// trim removes documentation and sets what the packages' maintainer
-// scripts would have: the iptables names weft calls (pointing at the
-// wrapper that picks the node's variant), and the directories a running
-// container needs.
-func trim(rootfs string) error {
+// unpack extracts the packages into rootfs, without their documentation,
+// and returns their NAME_VERSION_ARCH. Maintainer scripts do not run: what
+// they would set up, callers do.
+func unpack(ctx context.Context, debs []string, rootfs string) ([]string, error) {
+	var versions []string
+	for _, d := range debs {
+		if out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", d, rootfs).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("unpacking %s: %v: %s", d, err, out)
+		}
+		versions = append(versions, strings.TrimSuffix(filepath.Base(d), ".deb"))
+	}
 	for _, d := range []string{"usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian", "usr/share/locale"} {
 		if err := os.RemoveAll(filepath.Join(rootfs, d)); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	for _, name := range iptmode.Names {
-		if err := os.Symlink(wrapper, filepath.Join(rootfs, iptmode.SbinDir, name)); err != nil {
-			return fmt.Errorf("iptables link %s: %w", name, err)
-		}
-	}
-	for _, d := range []string{"tmp", "run", "var/run", "etc/weft", "sys", "proc", "dev"} {
+	return versions, nil
+}
+
+// mkdirs makes the directories a running container needs (/tmp, world
+// writable and sticky, and the mount points /run, /sys, /proc, /dev), and
+// dirs, where no package made them.
+func mkdirs(rootfs string, dirs ...string) error {
+	for _, d := range append([]string{"tmp", "run", "sys", "proc", "dev"}, dirs...) {
 		p := filepath.Join(rootfs, d)
 		if _, err := os.Lstat(p); err == nil {
 			continue
@@ -171,7 +199,7 @@ func trim(rootfs string) error {
 	return os.Chmod(filepath.Join(rootfs, "tmp"), 0o1777)
 }
 
-func copyFile(from, to string) error {
+func copyFile(from, to string, mode os.FileMode) error {
 	data, err := os.ReadFile(from)
 	if err != nil {
 		return err
@@ -179,5 +207,5 @@ func copyFile(from, to string) error {
 	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(to, data, 0o755)
+	return os.WriteFile(to, data, mode)
 }

@@ -1,8 +1,11 @@
 // Package ociimage writes and reads container images as OCI archives (a tar
 // of an OCI image layout: oci-layout, index.json, blobs/sha256/...), so that
-// weft's image is built on machines without a container engine, and read
-// back by its tests. Archives are reproducible: entries are sorted, owned by
-// root and dated at a fixed time, and gzip records no name or time.
+// weft's image and the lab's test images are built on machines without a
+// container engine, and read back by their tests. An archive holds one
+// image under one or more names: index.json lists the same manifest once
+// per name, so that `ctr images import` creates every name. Archives are
+// reproducible: entries are sorted, owned by root and dated at a fixed time,
+// and gzip records no name or time.
 package ociimage
 
 import (
@@ -17,6 +20,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -64,8 +68,12 @@ type Config struct {
 	Architecture string `json:"architecture"`
 	OS           string `json:"os"`
 	Config       struct {
-		Env    []string          `json:"Env,omitempty"`
-		Labels map[string]string `json:"Labels,omitempty"`
+		User       string            `json:"User,omitempty"`
+		Env        []string          `json:"Env,omitempty"`
+		Entrypoint []string          `json:"Entrypoint,omitempty"`
+		Cmd        []string          `json:"Cmd,omitempty"`
+		WorkingDir string            `json:"WorkingDir,omitempty"`
+		Labels     map[string]string `json:"Labels,omitempty"`
 	} `json:"config"`
 	RootFS struct {
 		Type    string   `json:"type"`
@@ -73,13 +81,22 @@ type Config struct {
 	} `json:"rootfs"`
 }
 
-// Image is what Write puts in an archive: a name, a configuration and
+// Image is what Write puts in an archive: names, a configuration and
 // layers, each a directory tree taken as it is on disk.
 type Image struct {
-	// Name is the full reference, e.g. ghcr.io/weftnet/weft:dev.
-	Name   string
-	Env    []string
-	Labels map[string]string
+	// Name is the full reference with a tag, e.g. ghcr.io/weftnet/weft:dev;
+	// Unpack returns it.
+	Name string
+	// Aliases are more references to the same image.
+	Aliases []string
+	// The configuration: what a container runs, as whom, where and with
+	// which environment (empty fields are left out).
+	User       string
+	Env        []string
+	Entrypoint []string
+	Cmd        []string
+	WorkingDir string
+	Labels     map[string]string
 	// Layers are directories, bottom first.
 	Layers []string
 }
@@ -95,12 +112,28 @@ func newBlob(data []byte) blob {
 }
 
 // Write writes img as an OCI archive to path (through a temporary file
-// renamed at the end).
+// renamed at the end): one manifest, listed in index.json under Name and
+// then each alias, with the tag and the full reference as annotations.
 func Write(path string, img Image) error {
+	names := append([]string{img.Name}, img.Aliases...)
+	refs := make([]Descriptor, len(names))
+	for i, n := range names {
+		slash := strings.LastIndex(n, "/")
+		colon := strings.LastIndex(n, ":")
+		if colon <= slash || colon == len(n)-1 || slices.Contains(names[:i], n) {
+			return fmt.Errorf("image name %q: want a distinct reference with a tag", n)
+		}
+		refs[i].Annotations = map[string]string{
+			"org.opencontainers.image.ref.name": n[colon+1:],
+			"io.containerd.image.name":          n,
+		}
+	}
 	var blobs []blob
 	var cfg Config
 	cfg.Architecture, cfg.OS = "amd64", "linux"
-	cfg.Config.Env, cfg.Config.Labels = img.Env, img.Labels
+	c := &cfg.Config
+	c.User, c.Env, c.WorkingDir, c.Labels = img.User, img.Env, img.WorkingDir, img.Labels
+	c.Entrypoint, c.Cmd = img.Entrypoint, img.Cmd
 	cfg.RootFS.Type = "layers"
 	m := Manifest{SchemaVersion: 2, MediaType: MediaManifest}
 	for _, dir := range img.Layers {
@@ -135,14 +168,10 @@ func Write(path string, img Image) error {
 	}
 	mb := newBlob(mJSON)
 	blobs = append(blobs, mb)
-	tag := img.Name[strings.LastIndex(img.Name, ":")+1:]
-	idx := Index{SchemaVersion: 2, MediaType: MediaIndex, Manifests: []Descriptor{{
-		MediaType: MediaManifest, Digest: mb.digest, Size: int64(len(mb.data)),
-		Annotations: map[string]string{
-			"org.opencontainers.image.ref.name": tag,
-			"io.containerd.image.name":          img.Name,
-		},
-	}}}
+	for i := range refs {
+		refs[i].MediaType, refs[i].Digest, refs[i].Size = MediaManifest, mb.digest, int64(len(mb.data))
+	}
+	idx := Index{SchemaVersion: 2, MediaType: MediaIndex, Manifests: refs}
 	idxJSON, err := json.Marshal(idx)
 	if err != nil {
 		return err

@@ -17,15 +17,15 @@ import (
 
 // Unpack reads an OCI archive, checks every blob against its digest, and
 // extracts the image's layers in order into dir (which must exist). It
-// returns the image's name and configuration.
+// returns the image's first name and its configuration.
 func Unpack(archive, dir string) (name string, cfg Config, err error) {
 	blobs, err := readArchive(archive)
 	if err != nil {
 		return "", cfg, err
 	}
-	var idx Index
-	if err := json.Unmarshal(blobs["index.json"], &idx); err != nil || len(idx.Manifests) != 1 {
-		return "", cfg, fmt.Errorf("%s: index.json: want one manifest (%v)", archive, err)
+	idx, err := readIndex(archive, blobs)
+	if err != nil {
+		return "", cfg, err
 	}
 	md := idx.Manifests[0]
 	var m Manifest
@@ -48,6 +48,42 @@ func Unpack(archive, dir string) (name string, cfg Config, err error) {
 		}
 	}
 	return md.Annotations["io.containerd.image.name"], cfg, nil
+}
+
+// Names returns the names of the image in an OCI archive, in the order of
+// its index.
+func Names(archive string) ([]string, error) {
+	blobs, err := readArchive(archive)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := readIndex(archive, blobs)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(idx.Manifests))
+	for i, m := range idx.Manifests {
+		names[i] = m.Annotations["io.containerd.image.name"]
+	}
+	return names, nil
+}
+
+// readIndex decodes index.json, which must list one manifest (under one or
+// more names).
+func readIndex(archive string, blobs map[string][]byte) (Index, error) {
+	var idx Index
+	if err := json.Unmarshal(blobs["index.json"], &idx); err != nil {
+		return idx, fmt.Errorf("%s: index.json: %w", archive, err)
+	}
+	if len(idx.Manifests) == 0 {
+		return idx, fmt.Errorf("%s: index.json lists no manifest", archive)
+	}
+	for _, m := range idx.Manifests[1:] {
+		if m.Digest != idx.Manifests[0].Digest {
+			return idx, fmt.Errorf("%s: index.json lists manifests %s and %s: want one image", archive, idx.Manifests[0].Digest, m.Digest)
+		}
+	}
+	return idx, nil
 }
 
 func readArchive(path string) (map[string][]byte, error) {
