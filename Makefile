@@ -68,7 +68,7 @@ coredns:
 
 # The main job: a 3-node cluster of network namespaces (see docs/lab.md).
 LAB_FLAGS ?= --nodes 3 --routing hostgw
-lab: deps build kube image
+lab: deps build kube image node
 	$(BIN)/weftctl lab up $(LAB_FLAGS)
 
 lab-down:
@@ -99,7 +99,7 @@ image: build
 	$(GO) run ./hack/mkimage -bin $(BIN) -out $(BIN)/weft-image.oci.tar -version $(VERSION)
 
 # Everything: pure, kernel (private network namespaces), image and lab tests.
-test: deps build kube lint bpf-check image
+test: deps build kube lint bpf-check image node
 	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 40m ./...
 
 # The kernel suites that need another kernel (IPVS; Debian stable's 6.1),

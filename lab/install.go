@@ -341,9 +341,9 @@ type agentRun struct {
 	} `json:"containers"`
 }
 
-// AgentPID is the pid of the weft-agent container on node, from its
-// kubelet's state.
-func AgentPID(dir, node string) (int, bool) {
+// miniAgentPID is the pid of the weft-agent container on node, from its
+// mini-kubelet's state.
+func miniAgentPID(dir, node string) (int, bool) {
 	files, _ := filepath.Glob(filepath.Join(NodeDir(dir, node), "pods", "*.json"))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -361,18 +361,4 @@ func AgentPID(dir, node string) (int, bool) {
 		}
 	}
 	return 0, false
-}
-
-// AgentLog is the log of the weft-agent pod on node (all its containers'
-// runs append to it).
-func AgentLog(dir, node string) string {
-	files, _ := filepath.Glob(filepath.Join(NodeDir(dir, node), "logs", "weft-system_weft-agent-*_agent.log"))
-	var newest string
-	var at time.Time
-	for _, f := range files {
-		if st, err := os.Stat(f); err == nil && st.ModTime().After(at) {
-			newest, at = f, st.ModTime()
-		}
-	}
-	return newest
 }

@@ -47,8 +47,8 @@ type Options struct {
 	// proxy mode's (nftables for the nftables proxy, else iptables).
 	Dataplane string `json:"dataplane,omitempty"`
 	// Kubelet is the nodes' flavour: KubeletUpstream (the upstream
-	// kubelet with containerd and runc) or KubeletMini (the lab's own;
-	// the default while tests move over).
+	// kubelet with containerd and runc; the default) or KubeletMini (the
+	// lab's own).
 	Kubelet string `json:"kubelet,omitempty"`
 	// PodCIDRSize is the prefix length of each node's podCIDR (the
 	// controller-manager's --node-cidr-mask-size; 0: 24).
@@ -215,7 +215,7 @@ func Up(ctx context.Context, o Options) (err error) {
 // hack/build-node.sh and make test-images build, and runc.
 func checkKubelet(o *Options) error {
 	if o.Kubelet == "" {
-		o.Kubelet = KubeletMini
+		o.Kubelet = KubeletUpstream
 	}
 	if !slices.Contains(Kubelets, o.Kubelet) {
 		return fmt.Errorf("--kubelet: %q is not one of %v", o.Kubelet, Kubelets)
@@ -230,10 +230,8 @@ func checkKubelet(o *Options) error {
 			return fmt.Errorf("--kubelet upstream: %w (make node builds the node's programs and images)", err)
 		}
 	}
-	if hs, err := v1Hierarchies(); err == nil && len(hs) == 0 {
-		if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-			return errors.New("--kubelet upstream: this machine has a cgroup v2 hierarchy only; the lab's nodes run the kubelet on cgroup v1 (the machine's hybrid hierarchies)")
-		}
+	if hs, err := v1Hierarchies(); err != nil || len(hs) == 0 {
+		return fmt.Errorf("--kubelet upstream: the lab's nodes run the kubelet on the machine's cgroup v1 hierarchies beside the v2 one, and this machine has none (%v)", err)
 	}
 	return nil
 }
@@ -373,9 +371,7 @@ func Down(dir string) error {
 	if err := removeProxyMode(dir); err != nil {
 		errs = append(errs, err)
 	}
-	if st, err := Load(dir); err == nil {
-		removeCreatedPaths(dir, NodeMembers(st.Members))
-	}
+	removeCreatedPaths(dir)
 	if err := restoreSysctls(dir); err != nil {
 		errs = append(errs, err)
 	}

@@ -26,8 +26,9 @@ import (
 //
 //   - <node>-ns holds the node's mount namespace (`unshare --mount`, a
 //     slave of the machine's, shared inside so that the kubelet's volume
-//     mounts reach runc): it binds the node's own directories over the
-//     machine paths a node has its own of (nodeBinds) and waits;
+//     mounts reach runc): it mounts the node's /sys and cgroup hierarchies
+//     (mountCgroups), binds the node's own directories over the machine
+//     paths a node has its own of (nodeBinds) and waits;
 //   - <node>-containerd and <node>-kubelet enter that mount namespace
 //     (`nsenter --mount`), so both see the same files, mounts and pod
 //     network namespaces, with every path of their own under the node's
@@ -35,7 +36,9 @@ import (
 //
 // The kubelet runs on the machine's cgroup v1 hierarchies under a cgroup
 // root of the node's (/weftlab-<node> in each), and the node's daemons in
-// the node's cgroup v2 directory, as the eBPF mode needs.
+// the node's cgroup v2 directory, which is the node's
+// /sys/fs/cgroup/unified (the eBPF mode's socket programs attach there,
+// never to the machine's root cgroup).
 
 // Kubelets are the node flavours: the upstream kubelet with containerd, or
 // the lab's mini-kubelet.
@@ -77,9 +80,8 @@ type nodeBind struct {
 }
 
 // nodeBinds are the binds of a node's mount namespace: the paths its
-// pods' hostPath volumes name (deploy/'s DaemonSet), and in the eBPF mode
-// the bpffs and the cgroup v2 hierarchy, which become the node's own
-// (the machine's root cgroup is never attached to).
+// pods' hostPath volumes name (deploy/'s DaemonSet), the kubelet's, and in
+// the eBPF mode the bpffs.
 func (o Options) nodeBinds(node string) []nodeBind {
 	root := NodeRoot(o.Dir, node)
 	var b []nodeBind
@@ -91,18 +93,30 @@ func (o Options) nodeBinds(node string) []nodeBind {
 	for _, p := range []string{"/var/lib/kubelet", "/var/log/containers"} {
 		b = append(b, nodeBind{Target: p, Source: filepath.Join(root, p)})
 	}
-	if cg := o.nodeCgroup(node); cg != "" {
-		b = append(b, nodeBind{Target: "/sys/fs/cgroup/unified", Source: cg})
-	}
 	if o.ProxyMode == "ebpf" {
 		b = append(b, nodeBind{Target: "/sys/fs/bpf", Source: filepath.Join(bpffsDir(o.Dir), node)})
 	}
 	return b
 }
 
-// createdPaths records the mount points a node's namespace had to create
-// on the machine (Down removes them).
-func createdPaths(dir, node string) string { return filepath.Join(NodeDir(dir, node), "created-paths") }
+// createdPaths records the mount points the lab had to create on the
+// machine for its nodes' binds (Down removes them).
+func createdPaths(dir string) string { return filepath.Join(dir, "created-paths") }
+
+// makeMountPoints creates the targets of the nodes' binds that the machine
+// lacks, recording each path it made.
+func makeMountPoints(o Options) error {
+	var created []string
+	defer func() { _ = os.WriteFile(createdPaths(o.Dir), []byte(strings.Join(created, "\n")), 0o644) }()
+	for _, b := range o.nodeBinds(NodeName(0)) {
+		if _, err := os.Stat(b.Target); errors.Is(err, os.ErrNotExist) {
+			if err := makeMountPoint(b.Target, b.File, &created); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // NodeNamespace is `weftctl lab node-ns`: run in a new mount namespace
 // (unshare --mount --propagation slave), it makes the namespace's mounts
@@ -112,19 +126,22 @@ func NodeNamespace(o Options, node string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
 		return fmt.Errorf("making / shared: %w", err)
 	}
-	var created []string
+	// The node's own /sys (its network devices) and cgroup hierarchies,
+	// whatever mount namespace the lab was started from.
+	if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
+		return fmt.Errorf("the node's /sys: %w", err)
+	}
+	dirs, err := mountCgroups("/sys/fs/cgroup", o.nodeCgroup(node))
+	if err != nil {
+		return err
+	}
+	if err := makeKubeletCgroups(node, dirs); err != nil {
+		return err
+	}
 	for _, b := range o.nodeBinds(node) {
-		if _, err := os.Stat(b.Target); errors.Is(err, os.ErrNotExist) {
-			if err := makeMountPoint(b.Target, b.File, &created); err != nil {
-				return err
-			}
-		}
 		if err := unix.Mount(b.Source, b.Target, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("binding %s over %s: %w", b.Source, b.Target, err)
 		}
-	}
-	if err := os.WriteFile(createdPaths(o.Dir, node), []byte(strings.Join(created, "\n")), 0o644); err != nil {
-		return err
 	}
 	if err := os.WriteFile(nsReady(o.Dir, node), nil, 0o644); err != nil {
 		return err
@@ -315,34 +332,79 @@ func copyExecutable(from, to string) error {
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return err
+	}
 	return os.WriteFile(to, b, 0o755)
 }
 
-// v1Hierarchies lists the machine's cgroup v1 mount points.
-func v1Hierarchies() ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mounts")
+// v1Hierarchy is one of the machine's cgroup v1 hierarchies: the mount
+// options that name it and its usual directory under /sys/fs/cgroup.
+type v1Hierarchy struct{ opts, dir string }
+
+// v1Hierarchies lists the machine's cgroup v1 hierarchies from
+// /proc/self/cgroup, which every mount namespace sees alike (a test's
+// private /sys hides /sys/fs/cgroup, so its mounts are not where to look).
+func v1Hierarchies() ([]v1Hierarchy, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 2 && f[2] == "cgroup" {
-			out = append(out, f[1])
+	var out []v1Hierarchy
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[1] == "" {
+			continue // the v2 hierarchy
 		}
+		h := v1Hierarchy{opts: f[1], dir: f[1]}
+		if name, ok := strings.CutPrefix(f[1], "name="); ok {
+			h.opts, h.dir = "none,"+f[1], name
+		}
+		out = append(out, h)
 	}
 	return out, nil
 }
 
-// makeKubeletCgroups creates the node's cgroup root in every v1 hierarchy
-// (the kubelet requires it to exist), with the cpuset's CPUs and memory
-// nodes of the parent.
-func makeKubeletCgroups(node string) error {
+// mountCgroups mounts, under root (a tmpfs it mounts first), every v1
+// hierarchy at its usual directory and the node's cgroup v2 directory as
+// "unified": a real node's /sys/fs/cgroup, as the kubelet and runc expect
+// it on a hybrid machine. It returns the v1 mount points.
+func mountCgroups(root, unified string) ([]string, error) {
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=755"); err != nil {
+		return nil, fmt.Errorf("tmpfs on %s: %w", root, err)
+	}
 	hs, err := v1Hierarchies()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var dirs []string
 	for _, h := range hs {
+		d := filepath.Join(root, h.dir)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, err
+		}
+		if err := unix.Mount("cgroup", d, "cgroup", 0, h.opts); err != nil {
+			return nil, fmt.Errorf("cgroup v1 hierarchy %s on %s: %w", h.opts, d, err)
+		}
+		dirs = append(dirs, d)
+	}
+	if unified != "" {
+		d := filepath.Join(root, "unified")
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, err
+		}
+		if err := unix.Mount(unified, d, "", unix.MS_BIND, ""); err != nil {
+			return nil, fmt.Errorf("binding %s on %s: %w", unified, d, err)
+		}
+	}
+	return dirs, nil
+}
+
+// makeKubeletCgroups creates the node's cgroup root in every v1 hierarchy
+// mounted at dirs (the kubelet requires it to exist), with the cpuset's
+// CPUs and memory nodes of the parent.
+func makeKubeletCgroups(node string, dirs []string) error {
+	for _, h := range dirs {
 		g := filepath.Join(h, kubeletCgroupRoot(node))
 		if err := os.Mkdir(g, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("node %s's cgroup root: %w", node, err)
@@ -359,14 +421,26 @@ func makeKubeletCgroups(node string) error {
 }
 
 // removeKubeletCgroups removes every lab cgroup root of the v1
-// hierarchies, killing what is left in them.
+// hierarchies, killing what is left in them, seen through a temporary
+// mount of each.
 func removeKubeletCgroups() error {
-	hs, err := v1Hierarchies()
+	tmp, err := os.MkdirTemp("", NSPrefix+"cgroup1-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	dirs, err := mountCgroups(tmp, "")
+	defer func() {
+		for _, d := range dirs {
+			_ = unix.Unmount(d, unix.MNT_DETACH)
+		}
+		_ = unix.Unmount(tmp, unix.MNT_DETACH)
+	}()
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, h := range hs {
+	for _, h := range dirs {
 		groups, _ := filepath.Glob(filepath.Join(h, NSPrefix+"*"))
 		for _, g := range groups {
 			killCgroupV1(g)
@@ -436,18 +510,16 @@ func restoreSysctls(dir string) error {
 	return errors.Join(errs...)
 }
 
-// removeCreatedPaths removes the mount points the nodes' namespaces made
-// on the machine, deepest first, if they are still empty.
-func removeCreatedPaths(dir string, nodes []Member) {
-	for _, n := range nodes {
-		b, err := os.ReadFile(createdPaths(dir, n.Name))
-		if err != nil {
-			continue
-		}
-		paths := strings.Fields(string(b))
-		for i := len(paths) - 1; i >= 0; i-- {
-			_ = os.Remove(paths[i]) // fails, and stays, if something else put files there
-		}
+// removeCreatedPaths removes the mount points the lab made on the
+// machine, deepest first, if they are still empty.
+func removeCreatedPaths(dir string) {
+	b, err := os.ReadFile(createdPaths(dir))
+	if err != nil {
+		return
+	}
+	paths := strings.Fields(string(b))
+	for i := len(paths) - 1; i >= 0; i-- {
+		_ = os.Remove(paths[i]) // fails, and stays, if something else put files there
 	}
 }
 
@@ -489,11 +561,11 @@ func startRealNodes(ctx context.Context, o Options, nodes []Member) error {
 		if err := prepareRealNode(o, n); err != nil {
 			return err
 		}
-		if err := makeKubeletCgroups(n.Name); err != nil {
-			return err
-		}
 	}
 	if err := recordSysctls(o.Dir); err != nil {
+		return err
+	}
+	if err := makeMountPoints(o); err != nil {
 		return err
 	}
 	errs := make(chan error, len(nodes))
@@ -553,13 +625,17 @@ func importImages(ctx context.Context, o Options, node string) error {
 	archives, _ := filepath.Glob(filepath.Join(TestImagesDir(o.BinDir), "*.oci.tar"))
 	archives = append([]string{filepath.Join(o.BinDir, ImageArchive)}, archives...)
 	for _, a := range archives {
-		cmd := exec.CommandContext(ctx, filepath.Join(nodeBin(o.BinDir), "ctr"), "--address", containerdSocket(o.Dir, node),
-			"-n", "k8s.io", "images", "import", a)
-		if out, err := cmd.CombinedOutput(); err != nil {
+		if out, err := o.ctr(ctx, node, "images", "import", a).CombinedOutput(); err != nil {
 			return fmt.Errorf("node %s: importing %s: %w: %s", node, filepath.Base(a), err, out)
 		}
 	}
 	return nil
+}
+
+// ctr is the node's ctr command on the CRI plugin's namespace.
+func (o Options) ctr(ctx context.Context, node string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, filepath.Join(nodeBin(o.BinDir), "ctr"),
+		append([]string{"--address", containerdSocket(o.Dir, node), "-n", "k8s.io"}, args...)...)
 }
 
 // PodNetNS is the path of a running pod's network namespace: the

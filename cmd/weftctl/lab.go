@@ -38,7 +38,7 @@ func labUp(args []string) error {
 	dataplane := fs.String("dataplane", "", "where the agents' packet rules live: "+strings.Join(lab.Dataplanes, ", ")+" (default: nftables with --proxy-mode nftables, else iptables)")
 	podCIDRSize := fs.Int("pod-cidr-size", lab.DefaultPodCIDRSize, "prefix length of each node's podCIDR, within the cluster's "+lab.ClusterCIDR)
 	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
-	kubeletKind := fs.String("kubelet", lab.KubeletMini, "the nodes' kubelet: "+strings.Join(lab.Kubelets, ", ")+" (upstream: kubelet, containerd and runc)")
+	kubeletKind := fs.String("kubelet", lab.KubeletUpstream, "the nodes' kubelet: "+strings.Join(lab.Kubelets, ", ")+" (upstream: kubelet, containerd and runc)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

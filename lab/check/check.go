@@ -25,7 +25,6 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 	"github.com/weftnet/weft/lab/workload"
 )
 
@@ -52,7 +51,7 @@ type endpoint struct {
 // probe pods are removed at the end unless keep is set.
 func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) ([]Result, error) {
 	nodes := lab.NodeMembers(st.Members)
-	pods, err := deploy(ctx, c, nodes)
+	pods, err := deploy(ctx, st, c, nodes)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +233,7 @@ func services(ctx context.Context, st *lab.State, c kubernetes.Interface, pods [
 
 // deploy creates one probe pod per node, and a second on the first node,
 // and waits until they run.
-func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]endpoint, error) {
+func deploy(ctx context.Context, st *lab.State, c kubernetes.Interface, nodes []lab.Member) ([]endpoint, error) {
 	err := c.CoreV1().Namespaces().Delete(ctx, Namespace, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, err
@@ -266,7 +265,7 @@ func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: w.name, Labels: map[string]string{"app": "weft-check", nameLabel: w.name}},
 			Spec: corev1.PodSpec{NodeName: w.node, Containers: []corev1.Container{{
-				Name: "workload", Image: "weft-workload", Ports: []corev1.ContainerPort{{ContainerPort: 80}},
+				Name: "workload", Image: lab.WorkloadImage, Ports: []corev1.ContainerPort{{ContainerPort: 80}},
 			}}},
 		}
 		if _, err := c.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -284,8 +283,11 @@ func deploy(ctx context.Context, c kubernetes.Interface, nodes []lab.Member) ([]
 		for {
 			p, err := c.CoreV1().Pods(Namespace).Get(deadline, w.name, metav1.GetOptions{})
 			if err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
-				eps = append(eps, endpoint{name: w.name, ip: net.ParseIP(p.Status.PodIP), node: byName[w.node],
-					nsPath: netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, w.node, p.UID)})
+				nsPath, err := st.PodNetNS(p)
+				if err != nil {
+					return nil, err
+				}
+				eps = append(eps, endpoint{name: w.name, ip: net.ParseIP(p.Status.PodIP), node: byName[w.node], nsPath: nsPath})
 				break
 			}
 			select {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -139,4 +140,26 @@ func ctxErr(ctx context.Context, err error) error {
 		return context.DeadlineExceeded
 	}
 	return err
+}
+
+// SetReadyVia turns the readiness of the workload at base (http://ADDR)
+// that GET /ready reports, dialing with dial.
+func SetReadyVia(ctx context.Context, dial func(ctx context.Context, network, addr string) (net.Conn, error), base string, ready bool) error {
+	client := &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dial, DisableKeepAlives: true}}
+	ctx, cancel := withDeadline(ctx)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, base+"/ready", strings.NewReader(strconv.FormatBool(ready)))
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("workload: PUT %s/ready: %w", base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+		return fmt.Errorf("workload: PUT %s/ready: %s: %q", base, resp.Status, body)
+	}
+	return nil
 }

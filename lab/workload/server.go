@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -101,6 +103,8 @@ type server struct {
 	wg   sync.WaitGroup
 	done chan struct{} // closed on shutdown
 	errc chan error    // first fatal serving error
+
+	unready atomic.Bool // GET /ready answers 503
 
 	mu      sync.Mutex
 	closing bool
@@ -255,6 +259,27 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
+	})
+	// Readiness as an application has it: a readiness probe asks GET
+	// /ready; PUT /ready with "false" or "true" turns it (lab tests take
+	// a pod out of its Services' endpoints this way).
+	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, r *http.Request) {
+		if s.unready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready")
+	})
+	mux.HandleFunc("PUT /ready", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(io.LimitReader(r.Body, 16))
+		switch strings.TrimSpace(string(b)) {
+		case "true":
+			s.unready.Store(false)
+		case "false":
+			s.unready.Store(true)
+		default:
+			http.Error(w, `want "true" or "false"`, http.StatusBadRequest)
+		}
 	})
 	mux.HandleFunc("GET /echo", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -19,7 +19,6 @@ import (
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 	"github.com/weftnet/weft/routing/bgp"
 )
 
@@ -65,7 +64,7 @@ func TestBGPRacks(t *testing.T) {
 	pods := map[string]*corev1.Pod{}
 	for _, node := range []string{"node1", "node2"} {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bgp-" + node},
-			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: "weft-workload"}}}}
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: lab.WorkloadImage}}}}
 		if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +84,7 @@ func TestBGPRacks(t *testing.T) {
 
 	// Both agents of a cross-rack stream killed and restarted: routes stay
 	// in the kernels and at the ToR (graceful restart), the stream lives.
-	src := netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, "node1", pods["node1"].UID)
+	src := c.podNS(t, pods["node1"])
 	s := openStream(t, c, "cross-rack stream", src, net.JoinHostPort(pods["node2"].Status.PodIP, "81"))
 	for _, d := range []string{"node1-agent", "node2-agent"} {
 		if err := lab.Restart(c.dir, d); err != nil {
@@ -122,7 +121,7 @@ func lbLocal(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	const lbIP = "172.18.200.10"
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "lb-node2", Labels: map[string]string{"app": "lb"}},
-		Spec: corev1.PodSpec{NodeName: "node2", Containers: []corev1.Container{{Name: "w", Image: "weft-workload"}}}}
+		Spec: corev1.PodSpec{NodeName: "node2", Containers: []corev1.Container{{Name: "w", Image: lab.WorkloadImage}}}}
 	if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

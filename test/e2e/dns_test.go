@@ -19,13 +19,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 )
 
 // dnsPort and dnsHealthPort are where the test runs weft-dns on node1.
@@ -191,7 +189,7 @@ func TestDNS(t *testing.T) {
 	// A pod naming itself under the headless Service "db".
 	named := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "named", Labels: app},
 		Spec: corev1.PodSpec{NodeName: "node2", Hostname: "db-host", Subdomain: "db",
-			Containers: []corev1.Container{{Name: "w", Image: "weft-workload", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
+			Containers: []corev1.Container{{Name: "w", Image: lab.WorkloadImage, Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
 	if _, err := c.client.CoreV1().Pods("default").Create(ctx, named, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -269,8 +267,7 @@ func TestDNS(t *testing.T) {
 	badPackets(t, clientNS, server)
 
 	// A pod turning not ready leaves the headless Service's answer.
-	patch := []byte(`{"metadata":{"annotations":{"` + kubelet.ReadyAnnotation + `":"false"}}}`)
-	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, web2.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if err := c.state.SetReady(ctx, c.client, web2, false); err != nil {
 		t.Fatal(err)
 	}
 	want := sorted(db+" A "+web1.Status.PodIP, db+" A "+named.Status.PodIP)

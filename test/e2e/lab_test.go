@@ -27,7 +27,6 @@ import (
 	"github.com/weftnet/weft/internal/testutil"
 	"github.com/weftnet/weft/lab"
 	"github.com/weftnet/weft/lab/check"
-	"github.com/weftnet/weft/lab/kubelet"
 	"github.com/weftnet/weft/routing"
 )
 
@@ -50,9 +49,9 @@ func binDir(t *testing.T) string {
 		}
 	}
 	bin := filepath.Join(dir, "bin")
-	for _, b := range []string{"weftctl", "weft-agent", "weft-workload", "cni/weft", "cni/portmap", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", lab.ImageArchive} {
+	for _, b := range []string{"weftctl", "weft-agent", "weft-workload", "cni/weft", "cni/portmap", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet", "node/containerd", "images/pause.oci.tar", lab.ImageArchive} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Fatalf("%s missing: run `make build kube image` first", filepath.Join(bin, b))
+			t.Fatalf("%s missing: run `make build kube image node` first", filepath.Join(bin, b))
 		}
 	}
 	return bin
@@ -120,8 +119,7 @@ func upOptions(t *testing.T, o lab.Options) *cluster {
 func dumpLogs(t *testing.T, dir string) {
 	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
 	// weft's own pods: the containers' logs on each node.
-	pods, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "weft-system_*.log"))
-	for _, l := range append(logs, pods...) {
+	for _, l := range append(logs, lab.PodLogs(dir, "weft-system")...) {
 		b, _ := os.ReadFile(l)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		if len(lines) > 15 {
@@ -316,13 +314,13 @@ func TestAgentRestartKeepsStream(t *testing.T) {
 	pods := map[string]*corev1.Pod{}
 	for _, node := range []string{"node1", "node2"} {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "stream-" + node},
-			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: "weft-workload"}}}}
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: lab.WorkloadImage}}}}
 		if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		pods[node] = waitRunning(t, c, "default", p.Name)
 	}
-	src := netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, "node1", pods["node1"].UID)
+	src := c.podNS(t, pods["node1"])
 	var conn net.Conn
 	if err := netnsutil.Do(src, func() (err error) {
 		conn, err = net.DialTimeout("tcp", net.JoinHostPort(pods["node2"].Status.PodIP, "81"), 3*time.Second)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 	nt "github.com/weftnet/weft/policy/netpoltest"
 	"github.com/weftnet/weft/policy/oracle"
 )
@@ -55,7 +54,7 @@ func newNetpolBed(t *testing.T, c *cluster, nodes int) *netpolBed {
 		running := waitRunning(t, c, p.Namespace, p.Name)
 		b.world.Pods[i] = running
 		b.targets[p.Namespace+"/"+p.Name] = nt.Target{
-			NSPath: netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, running.Spec.NodeName, running.UID),
+			NSPath: c.podNS(t, running),
 			IP:     running.Status.PodIP,
 		}
 	}

@@ -28,7 +28,7 @@ func scheduledDeployment(t *testing.T, c *cluster, clientNS string) {
 	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "spread"}, Spec: appsv1.DeploymentSpec{
 		Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: sel},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "anything"}}}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: lab.WorkloadImage}}}},
 	}}
 	if _, err := c.client.AppsV1().Deployments("default").Create(ctx, d, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func extendedResources(t *testing.T, c *cluster) {
 	widgetPod := func(name string) {
 		one := resource.MustParse("1")
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{NodeName: "node1",
-			Containers: []corev1.Container{{Name: "w", Image: "weft-workload", Resources: corev1.ResourceRequirements{
+			Containers: []corev1.Container{{Name: "w", Image: lab.WorkloadImage, Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{"example.com/widget": one}, Limits: corev1.ResourceList{"example.com/widget": one}}}}}}
 		if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -15,12 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 	"github.com/weftnet/weft/lab/workload"
 )
 
@@ -34,14 +32,21 @@ func (c *cluster) fetch(nsPath, url string) (workload.Reply, error) {
 
 func (c *cluster) pod(t *testing.T, name, node string, labels map[string]string) (*corev1.Pod, string) {
 	t.Helper()
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: "weft-workload",
-			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
-	if _, err := c.client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+	if _, err := c.client.CoreV1().Pods("default").Create(context.Background(), lab.WorkloadPod(name, node, labels), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p = waitRunning(t, c, "default", name)
-	return p, netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, node, p.UID)
+	p := waitRunning(t, c, "default", name)
+	return p, c.podNS(t, p)
+}
+
+// podNS is a running pod's network namespace.
+func (c *cluster) podNS(t *testing.T, p *corev1.Pod) string {
+	t.Helper()
+	ns, err := c.state.PodNetNS(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
 
 func (c *cluster) waitEndpoints(t *testing.T, svc string, ready int) {
@@ -200,9 +205,8 @@ func services(t *testing.T, c *cluster) {
 	}
 
 	// Readiness flip: web-2 must stop receiving traffic.
-	patch := []byte(`{"metadata":{"annotations":{"` + kubelet.ReadyAnnotation + `":"false"}}}`)
 	flipped := time.Now()
-	if _, err := c.client.CoreV1().Pods("default").Patch(ctx, web2.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if err := c.state.SetReady(ctx, c.client, web2, false); err != nil {
 		t.Fatal(err)
 	}
 	clean := 0

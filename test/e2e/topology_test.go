@@ -28,7 +28,6 @@ import (
 	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/internal/testutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 	"github.com/weftnet/weft/topology"
 )
 
@@ -174,7 +173,7 @@ func podIPsExhaustion(t *testing.T, c *cluster) {
 	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "fill"}, Spec: appsv1.DeploymentSpec{
 		Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: sel},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{Name: "app", Image: "anything"}},
+			Containers: []corev1.Container{{Name: "app", Image: lab.WorkloadImage}},
 			Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{
 				Weight: 100, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
 					Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{"node1"}}}}}}}},
@@ -283,7 +282,7 @@ func bandwidth(t *testing.T, c *cluster) {
 	capacity := getNode(t, c, "node1").Status.Capacity[topology.BandwidthResource]
 	bwPod := func(name, node string, mbit int64) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{Name: "w", Image: "weft-workload"}}}}
+			Containers: []corev1.Container{{Name: "w", Image: lab.WorkloadImage}}}}
 		if node != "" {
 			p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
 		}
@@ -336,9 +335,7 @@ func bandwidth(t *testing.T, c *cluster) {
 
 	node1 := c.node("node1")
 	nodeIP := node1.IP
-	podNS := func(p *corev1.Pod) string {
-		return netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, p.Spec.NodeName, p.UID)
-	}
+	podNS := func(p *corev1.Pod) string { return c.podNS(t, p) }
 	within := func(what string, got float64) {
 		t.Helper()
 		if got < limitMbit*(1-rateMargin) || got > limitMbit*(1+rateMargin) {

@@ -15,13 +15,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/weftnet/weft/internal/image"
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 )
 
 // stream is a TCP connection to the lab workload's echo port that must
@@ -92,10 +89,9 @@ func TestUpgradeAndUninstall(t *testing.T) {
 
 	goodConfig := badConfig(t, c, []*stream{direct, viaService})
 
-	// The new build: the image's programs under another tag.
-	newBin := filepath.Join(lab.ImagesDir(c.dir), "v2")
-	for name := range image.Binaries {
-		copyFile(t, filepath.Join(binDir(t), name), filepath.Join(newBin, name))
+	// The new build: the image under another tag.
+	if err := c.state.TagWeftImage(ctx, "v2"); err != nil {
+		t.Fatal(err)
 	}
 	before := agentPods(t, c)
 	if _, err := lab.Kubectl(ctx, c.state, "-n", "weft-system", "set", "image", "daemonset/weft-agent",
@@ -104,7 +100,7 @@ func TestUpgradeAndUninstall(t *testing.T) {
 	}
 	setConfigMap(t, c, goodConfig)
 	// A pod created while the agents are being replaced.
-	mid, midNS := c.podAsync(t, "roll-mid", "node1", nil)
+	mid := c.podAsync(t, "roll-mid", "node1", nil)
 	deadline := time.Now().Add(4 * time.Minute)
 	for i := 0; ; i++ {
 		direct.exchange(t, fmt.Sprintf("during rollout %d", i))
@@ -125,6 +121,7 @@ func TestUpgradeAndUninstall(t *testing.T) {
 		viaService.exchange(t, fmt.Sprintf("after rollout %d", i))
 	}
 	p := waitRunning(t, c, "default", mid)
+	midNS := c.podNS(t, p)
 	url := "http://" + net.JoinHostPort(server.Status.PodIP, "80") + "/"
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		r, err := c.fetch(midNS, url)
@@ -339,19 +336,12 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // podAsync creates a lab workload pod without waiting for it to run.
-func (c *cluster) podAsync(t *testing.T, name, node string, labels map[string]string) (string, string) {
+func (c *cluster) podAsync(t *testing.T, name, node string, labels map[string]string) string {
 	t.Helper()
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "w", Image: "weft-workload"}}}}
-	p, err := c.client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := c.client.CoreV1().Pods("default").Create(context.Background(), lab.WorkloadPod(name, node, labels), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	return name, podNS(node, p.UID)
-}
-
-func podNS(node string, uid types.UID) string {
-	return netnsutil.RunDir + "/" + kubelet.PodNetNS(lab.NSPrefix, node, uid)
+	return name
 }
 
 func copyFile(t *testing.T, from, to string) {
