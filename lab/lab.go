@@ -204,6 +204,11 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := waitNodesReady(waitCtx, client, NodeMembers(members)); err != nil {
 		return err
 	}
+	if o.Racks <= 1 {
+		if err := routeControlPlaneToPods(waitCtx, client, NodeMembers(members)); err != nil {
+			return err
+		}
+	}
 	if err := WaitAgents(waitCtx, client, o.Nodes); err != nil {
 		return err
 	}

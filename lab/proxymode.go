@@ -210,12 +210,32 @@ type DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error
 // namespace only. A program using it calls netnsutil.ServeDialHelper
 // first (tests do through netnsutil.RunTests).
 func (st *State) Dialer(nsPath string) DialFunc {
+	if node := st.nodeOf(nsPath); node != "" && st.ProxyMode == "ebpf" {
+		return netnsutil.CgroupDialer(nsPath, st.nodeCgroup(node))
+	}
+	return netnsutil.Dialer(nsPath, nil)
+}
+
+// nodeOf is the node a namespace path belongs to ("" for other members):
+// a node's namespace or a mini-kubelet pod's (named after the node), or a
+// real node's pod's, /proc/PID/ns/net of a process in the node's cgroup
+// root.
+func (st *State) nodeOf(nsPath string) string {
+	if pid, ok := strings.CutSuffix(strings.TrimPrefix(nsPath, "/proc/"), "/ns/net"); ok {
+		b, _ := os.ReadFile("/proc/" + pid + "/cgroup")
+		for _, m := range NodeMembers(st.Members) {
+			if strings.Contains(string(b), ":"+kubeletCgroupRoot(m.Name)+"/") {
+				return m.Name
+			}
+		}
+		return ""
+	}
 	name, _ := strings.CutPrefix(filepath.Base(nsPath), NSPrefix)
 	node, _, _ := strings.Cut(name, "-")
 	for _, m := range NodeMembers(st.Members) {
 		if m.Name == node {
-			return netnsutil.CgroupDialer(nsPath, st.nodeCgroup(node))
+			return node
 		}
 	}
-	return netnsutil.Dialer(nsPath, nil)
+	return ""
 }

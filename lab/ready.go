@@ -3,11 +3,15 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/weftnet/weft/internal/netnsutil"
 )
 
 // waitNodesReady waits until every node is registered, has a podCIDR, and
@@ -45,4 +49,38 @@ func networkReady(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// routeControlPlaneToPods gives the control plane's namespace a route to
+// each node's podCIDR through the node, as a control plane running on
+// cluster nodes has: the API server reaches pods for its proxy
+// subresource (`kubectl get --raw .../pods/NAME:PORT/proxy/`, which e2e
+// specs read results through) and webhooks. On racks the ToR routes pod
+// addresses it learns by BGP; with other routing there, the control plane
+// does not reach pods.
+func routeControlPlaneToPods(ctx context.Context, c kubernetes.Interface, nodes []Member) error {
+	var routes []netlink.Route
+	for _, m := range nodes {
+		n, err := c.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cidr := range n.Spec.PodCIDRs {
+			_, dst, err := net.ParseCIDR(cidr)
+			if err != nil {
+				return fmt.Errorf("node %s: podCIDR %q: %w", m.Name, cidr, err)
+			}
+			if dst.IP.To4() != nil {
+				routes = append(routes, netlink.Route{Dst: dst, Gw: m.IP.AsSlice()})
+			}
+		}
+	}
+	return netnsutil.Do(netnsutil.RunDir+"/"+ControlNS, func() error {
+		for _, r := range routes {
+			if err := netlink.RouteReplace(&r); err != nil {
+				return fmt.Errorf("control plane route to %s: %w", r.Dst, err)
+			}
+		}
+		return nil
+	})
 }

@@ -88,9 +88,10 @@ func (o Options) nodeBinds(node string) []nodeBind {
 	for _, p := range nodePaths {
 		b = append(b, nodeBind{Target: p, Source: filepath.Join(root, p), File: p == "/run/xtables.lock"})
 	}
-	// The kubelet's own directory, and the links to pods' logs it keeps in
-	// a fixed place.
-	for _, p := range []string{"/var/lib/kubelet", "/var/log/containers"} {
+	// The kubelet's and containerd's own directories at their usual
+	// paths: the unix sockets they make there must fit in a socket
+	// address (108 bytes), which the node's directory may not.
+	for _, p := range []string{"/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/run/containerd"} {
 		b = append(b, nodeBind{Target: p, Source: filepath.Join(root, p)})
 	}
 	if o.ProxyMode == "ebpf" {
@@ -183,9 +184,12 @@ func makeMountPoint(path string, file bool, created *[]string) error {
 
 func nsReady(dir, node string) string { return filepath.Join(NodeDir(dir, node), "ns-ready") }
 
-// containerdSocket is the node's containerd API socket.
-func containerdSocket(dir, node string) string {
-	return filepath.Join(NodeRoot(dir, node), "run/containerd/containerd.sock")
+// containerdSocket is the node's containerd API socket, in the node's
+// mount namespace; from outside it is containerdSocketFile.
+const containerdSocket = "/run/containerd/containerd.sock"
+
+func containerdSocketFile(dir, node string) string {
+	return filepath.Join(NodeRoot(dir, node), containerdSocket)
 }
 
 // containerdConfig is the node's containerd configuration: every path its
@@ -201,14 +205,14 @@ func (o Options) containerdConfig(node string) string {
 	// /var/lib/containerd.
 	return fmt.Sprintf(`version = 3
 root = %s
-state = %s
+state = %q
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri"]
 
 [grpc]
-  address = %s
+  address = %q
 
 [ttrpc]
-  address = %s
+  address = %q
 
 [plugins."io.containerd.cri.v1.runtime"]
   enable_selinux = false
@@ -242,8 +246,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 [plugins."io.containerd.internal.v1.opt"]
   path = %s
-`, p("var/lib/containerd"), p("run/containerd"),
-		p("run/containerd/containerd.sock"), p("run/containerd/containerd.sock.ttrpc"),
+`, p("var/lib/containerd"), filepath.Dir(containerdSocket),
+		containerdSocket, containerdSocket+".ttrpc",
 		runcPath, p("run/runc"), p("opt/cni/bin"), p("etc/cni/net.d"), PauseImage, p("opt/containerd"))
 }
 
@@ -260,7 +264,6 @@ func kubeletCgroupRoot(node string) string { return "/" + NSPrefix + node }
 // again), webhook authentication and authorization, the node's own
 // directories.
 func (o Options) kubeletConfig(node Member) string {
-	root := NodeRoot(o.Dir, node.Name)
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -288,7 +291,6 @@ protectKernelDefaults: false
 evictionHard: {memory.available: "0%%", nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-podLogsDir: %s
 serializeImagePulls: false
 maxPods: 110
 nodeStatusUpdateFrequency: 4s
@@ -296,9 +298,8 @@ syncFrequency: 10s
 fileCheckFrequency: 20s
 volumeStatsAggPeriod: 0s
 localStorageCapacityIsolation: false
-`, kubeletCgroupRoot(node.Name), containerdSocket(o.Dir, node.Name), node.IP,
-		filepath.Join(o.Dir, "pki", "ca.crt"), ClusterDNS, "/etc/resolv.conf",
-		filepath.Join(root, "var/log/pods"))
+`, kubeletCgroupRoot(node.Name), containerdSocket, node.IP,
+		filepath.Join(o.Dir, "pki", "ca.crt"), ClusterDNS, "/etc/resolv.conf")
 }
 
 // prepareRealNode writes a node's configuration files and directories.
@@ -539,7 +540,6 @@ func (o Options) inNodeMounts(n Member, holder int) []Proc {
 	kubelet := []string{filepath.Join(o.BinDir, "kubelet"),
 		"--config", filepath.Join(root, "etc/kubernetes/kubelet.yaml"),
 		"--kubeconfig", filepath.Join(o.Dir, n.Name+"-kubelet.kubeconfig"),
-		"--root-dir", filepath.Join(root, "var/lib/kubelet"),
 		"--hostname-override", n.Name, "--node-ip", n.IP.String(), "--v", "1",
 	}
 	if o.Racks > 1 {
@@ -568,37 +568,56 @@ func startRealNodes(ctx context.Context, o Options, nodes []Member) error {
 	if err := makeMountPoints(o); err != nil {
 		return err
 	}
-	errs := make(chan error, len(nodes))
+	type result struct {
+		took string
+		err  error
+	}
+	results := make(chan result, len(nodes))
 	for _, n := range nodes {
-		go func() { errs <- startRealNode(ctx, o, n, weftctl) }()
+		go func() {
+			took, err := startRealNode(ctx, o, n, weftctl)
+			results <- result{took, err}
+		}()
 	}
-	var all []error
+	var errs []error
 	for range nodes {
-		all = append(all, <-errs)
+		r := <-results
+		if r.err != nil {
+			errs = append(errs, r.err)
+			continue
+		}
+		fmt.Fprintf(o.Out, "         %s\n", r.took)
 	}
-	return errors.Join(all...)
+	return errors.Join(errs...)
 }
 
-func startRealNode(ctx context.Context, o Options, n Member, weftctl string) error {
+// startRealNode starts one node and says how long its parts took.
+func startRealNode(ctx context.Context, o Options, n Member, weftctl string) (string, error) {
+	begin := time.Now()
 	holder, err := start(o.Dir, o.nodeNSDaemon(n, weftctl))
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := waitFile(ctx, o.Dir, nsReady(o.Dir, n.Name), n.Name+"-ns"); err != nil {
-		return err
+		return "", err
 	}
 	procs := o.inNodeMounts(n, holder)
 	if _, err := start(o.Dir, procs[0]); err != nil {
-		return err
+		return "", err
 	}
-	if err := waitFile(ctx, o.Dir, containerdSocket(o.Dir, n.Name), procs[0].Name); err != nil {
-		return err
+	if err := waitFile(ctx, o.Dir, containerdSocketFile(o.Dir, n.Name), procs[0].Name); err != nil {
+		return "", err
 	}
+	serving := time.Now()
 	if err := importImages(ctx, o, n.Name); err != nil {
-		return err
+		return "", err
 	}
-	_, err = start(o.Dir, procs[1])
-	return err
+	imported := time.Now()
+	if _, err := start(o.Dir, procs[1]); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s: mounts and containerd %.1fs, images imported %.1fs", n.Name,
+		serving.Sub(begin).Seconds(), imported.Sub(serving).Seconds()), nil
 }
 
 // waitFile waits until path exists, or fails naming the daemon and its
@@ -634,8 +653,12 @@ func importImages(ctx context.Context, o Options, node string) error {
 
 // ctr is the node's ctr command on the CRI plugin's namespace.
 func (o Options) ctr(ctx context.Context, node string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, filepath.Join(nodeBin(o.BinDir), "ctr"),
-		append([]string{"--address", containerdSocket(o.Dir, node), "-n", "k8s.io"}, args...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(nodeBin(o.BinDir), "ctr"),
+		append([]string{"--address", filepath.Base(containerdSocket), "-n", "k8s.io"}, args...)...)
+	// Relative to the socket's directory: its full path may be too long
+	// for a socket address.
+	cmd.Dir = filepath.Dir(containerdSocketFile(o.Dir, node))
+	return cmd
 }
 
 // PodNetNS is the path of a running pod's network namespace: the

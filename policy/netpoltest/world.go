@@ -6,6 +6,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weftnet/weft/internal/image"
 )
 
 // The bed's names, ports and protocols.
@@ -59,7 +61,7 @@ func NewWorld() *World {
 			}
 			w.Pods = append(w.Pods, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{PodLabel: name}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "w", Image: "weft-workload", Args: WorkloadArgs(), Ports: ports}}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "w", Image: image.WorkloadImage, Args: WorkloadArgs(), Ports: ports}}},
 			})
 		}
 	}
