@@ -1,0 +1,385 @@
+// Command conformance runs the upstream Kubernetes e2e suite's
+// [sig-network] specs against weft: for each service-proxy mode it brings
+// up a lab whose nodes run the upstream kubelet, containerd and runc
+// (lab.KubeletUpstream), runs bin/ginkgo with bin/e2e.test from the lab's
+// external host, tears the lab down, and finally writes a summary of the
+// JUnit reports. See docs/conformance.md.
+//
+//	go run ./test/conformance [-modes iptables,nftables,ebpf] [-focus RE] [-skip RE]
+//	                          [-conformance-only] [-nodes 3] [-procs 2] [-timeout 3h]
+//	                          [-out bin/conformance] [-bin bin] [-dir DIR] [-keep]
+//
+// The exit status is 0 only if every mode's lab came up and every selected
+// spec passed; the last line of the output is the verdict.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+)
+
+// Selections of the suite (see docs/conformance.md and skips.go).
+const (
+	defaultFocus = `\[sig-network\]`
+	// The CI selection, -conformance-only.
+	conformanceFocus = `\[sig-network\].*\[Conformance\]`
+	conformanceSkip  = `\[Serial\]|SCTP`
+)
+
+// labDirBase holds the labs' directories when -dir is not given.
+const labDirBase = "/var/lib/weft-lab-conformance"
+
+// upTimeout bounds one lab's start (real nodes import their images).
+const upTimeout = 20 * time.Minute
+
+type config struct {
+	modes         []string
+	focus, skip   string
+	nodes, procs  int
+	timeout       time.Duration
+	out, bin, dir string
+	keep          bool
+}
+
+func main() {
+	// lab's eBPF mode dials through helper processes of this program.
+	netnsutil.ServeDialHelper()
+	os.Exit(run(os.Args[1:]))
+}
+
+func parseFlags(args []string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
+	modes := os.Getenv("CONFORMANCE_MODES")
+	if modes == "" {
+		modes = strings.Join(lab.ProxyModes, ",")
+	}
+	modeList := fs.String("modes", modes, "comma-separated service proxy modes, one lab each ($CONFORMANCE_MODES sets the default)")
+	fs.StringVar(&c.focus, "focus", defaultFocus, "ginkgo focus regexp")
+	fs.StringVar(&c.skip, "skip", defaultSkip(), "ginkgo skip regexp; the default leaves out what this lab cannot run (docs/conformance.md)")
+	conformanceOnly := fs.Bool("conformance-only", false, "the CI selection: focus "+conformanceFocus+", skip "+conformanceSkip+" (an explicit -focus or -skip still wins)")
+	fs.IntVar(&c.nodes, "nodes", 3, "lab nodes")
+	fs.IntVar(&c.procs, "procs", 2, "parallel ginkgo processes")
+	fs.DurationVar(&c.timeout, "timeout", 3*time.Hour, "ginkgo's timeout for one mode's suite")
+	fs.StringVar(&c.out, "out", "bin/conformance", "results directory: <out>/<mode>/ (ginkgo.log, junit_01.xml, lab logs) and <out>/summary.md")
+	fs.StringVar(&c.bin, "bin", "bin", "directory of e2e.test, ginkgo, kubectl and the lab's binaries")
+	fs.StringVar(&c.dir, "dir", "", "lab directory (default: a new directory under "+labDirBase+")")
+	fs.BoolVar(&c.keep, "keep", false, "leave the last mode's lab up")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *conformanceOnly {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["focus"] {
+			c.focus = conformanceFocus
+		}
+		if !set["skip"] {
+			c.skip = conformanceSkip
+		}
+	}
+	for m := range strings.SplitSeq(*modeList, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			c.modes = append(c.modes, m)
+		}
+	}
+	if len(c.modes) == 0 {
+		return c, errors.New("-modes: no mode")
+	}
+	if c.nodes < 1 || c.procs < 1 {
+		return c, errors.New("-nodes and -procs must be at least 1")
+	}
+	var err error
+	for _, p := range []*string{&c.out, &c.bin} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+func run(args []string) int {
+	c, err := parseFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		return 2
+	}
+	if err := preflight(c); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		fmt.Println("FAIL: " + err.Error())
+		return 1
+	}
+	// The first SIGINT or SIGTERM interrupts ginkgo and tears the lab
+	// down; later ones are ignored until that is done.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	fmt.Printf("conformance: waiting for the machine's lab turn\n")
+	done, err := lab.WaitTurn(ctx)
+	if err != nil {
+		fmt.Printf("FAIL: %v\n", err)
+		return 1
+	}
+	defer done()
+
+	var results []Result
+	for i, mode := range c.modes {
+		if ctx.Err() != nil {
+			results = append(results, Result{Mode: mode, Err: errors.New("not run: interrupted")})
+			continue
+		}
+		results = append(results, runMode(ctx, c, mode, c.keep && i == len(c.modes)-1))
+	}
+
+	sel := Selection{Focus: c.focus, Skip: c.skip, Nodes: c.nodes, Procs: c.procs, E2EVersion: e2eVersion(c.bin), ResultsDir: c.out}
+	summary := Summary(sel, results)
+	if err := os.WriteFile(filepath.Join(c.out, "summary.md"), []byte(summary), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance: writing the summary:", err)
+	}
+	fmt.Print("\n" + summary)
+	if _, ok := Verdict(results); !ok {
+		return 1
+	}
+	return 0
+}
+
+// preflight checks what the run needs before any lab is made.
+func preflight(c config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("the lab needs root")
+	}
+	for _, m := range c.modes {
+		if !slices.Contains(lab.ProxyModes, m) {
+			return fmt.Errorf("-modes: %q is not one of %v", m, lab.ProxyModes)
+		}
+	}
+	for _, b := range []string{"e2e.test", "ginkgo", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(c.bin, b)); err != nil {
+			return fmt.Errorf("%s missing: `make conformance` builds it", filepath.Join(c.bin, b))
+		}
+	}
+	return os.MkdirAll(c.out, 0o755)
+}
+
+// runMode brings up one lab, runs the suite against it and takes the lab
+// down again (not when keep is set, unless interrupted).
+func runMode(ctx context.Context, c config, mode string, keep bool) (res Result) {
+	res.Mode = mode
+	begin := time.Now()
+	defer func() { res.Duration = time.Since(begin) }()
+	out := filepath.Join(c.out, mode)
+	// A report left by an earlier run must not be read as this run's.
+	if err := os.RemoveAll(out); err != nil {
+		res.Err = err
+		return res
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		res.Err = err
+		return res
+	}
+	dir := c.dir
+	if dir == "" {
+		if err := os.MkdirAll(labDirBase, 0o755); err != nil {
+			res.Err = err
+			return res
+		}
+		var err error
+		if dir, err = os.MkdirTemp(labDirBase, "lab-"); err != nil {
+			res.Err = err
+			return res
+		}
+	}
+
+	fmt.Printf("==> %s: lab up in %s (%d nodes, upstream kubelet)\n", mode, dir, c.nodes)
+	upLog, err := os.Create(filepath.Join(out, "lab-up.log"))
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer upLog.Close()
+	upCtx, cancel := context.WithTimeout(ctx, upTimeout)
+	err = lab.Up(upCtx, lab.Options{
+		Nodes: c.nodes, Routing: "hostgw", ProxyMode: mode, Kubelet: lab.KubeletUpstream,
+		Dir: dir, BinDir: c.bin, APIPort: lab.APIServerPort, Out: io.MultiWriter(os.Stdout, upLog),
+	})
+	cancel()
+	if err != nil {
+		// Up has removed what it made.
+		res.Err = fmt.Errorf("lab up: %w", err)
+		return res
+	}
+	defer func() {
+		if keep && ctx.Err() == nil {
+			fmt.Printf("==> %s: lab kept: KUBECONFIG=%s; `bin/weftctl lab down --dir %s` removes it\n", mode, lab.AdminKubeconfig(dir), dir)
+			return
+		}
+		copyLogs(filepath.Join(dir, "logs"), filepath.Join(out, "lab-logs"))
+		fmt.Printf("==> %s: lab down\n", mode)
+		if err := lab.Down(dir); err != nil {
+			res.Err = errors.Join(res.Err, fmt.Errorf("lab down: %w", err))
+		}
+	}()
+
+	kubeconfig := filepath.Join(dir, "underlay.kubeconfig")
+	if err := underlayKubeconfig(lab.AdminKubeconfig(dir), kubeconfig); err != nil {
+		res.Err = err
+		return res
+	}
+	fmt.Printf("==> %s: ginkgo, log in %s\n", mode, filepath.Join(out, "ginkgo.log"))
+	runErr := runGinkgo(ctx, c, mode, kubeconfig, out)
+
+	junit := filepath.Join(out, "junit_01.xml")
+	parsed, err := parseFile(junit)
+	switch {
+	case err != nil && runErr != nil:
+		res.Err = fmt.Errorf("ginkgo: %v, and no report: %v", runErr, err)
+		return res
+	case err != nil:
+		res.Err = err
+		return res
+	}
+	parsed.Mode, parsed.Duration = res.Mode, res.Duration
+	res = parsed
+	switch {
+	case runErr != nil && len(res.FailedSpecs) == 0:
+		// An interrupt, a timeout, or a crash the report does not name.
+		res.Err = fmt.Errorf("ginkgo: %v (see %s)", runErr, filepath.Join(out, "ginkgo.log"))
+	case res.Run == 0:
+		res.Err = errors.New("the focus and skip selected no spec")
+	}
+	return res
+}
+
+// runGinkgo runs the suite from the lab's external host, its output to
+// <out>/ginkgo.log and one line per finished spec to stdout.
+func runGinkgo(ctx context.Context, c config, mode, kubeconfig, out string) error {
+	log, err := os.Create(filepath.Join(out, "ginkgo.log"))
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	args := []string{
+		"--procs=" + fmt.Sprint(c.procs), "--timeout=" + c.timeout.String(),
+		// -v: a block per finished spec (progress reads it), with its
+		// timeline; no color in the log.
+		"-v", "--no-color",
+	}
+	if c.focus != "" {
+		args = append(args, "--focus="+c.focus)
+	}
+	if c.skip != "" {
+		args = append(args, "--skip="+c.skip)
+	}
+	args = append(args, filepath.Join(c.bin, "e2e.test"), "--",
+		"--kubeconfig="+kubeconfig,
+		"--kubectl-path="+filepath.Join(c.bin, "kubectl"),
+		"--provider=local",
+		// junit_01.xml, a short JUnit report of every spec.
+		"--report-dir="+out,
+		"--e2e-output-dir="+out,
+		"--disable-log-dump",
+	)
+	// ginkgo stops at its own timeout; this is a bound against a hang.
+	runCtx, cancel := context.WithTimeout(ctx, c.timeout+10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(runCtx, filepath.Join(c.bin, "ginkgo"), args...)
+	w := io.MultiWriter(log, newProgress(mode, os.Stdout))
+	cmd.Stdout, cmd.Stderr = w, w
+	// ginkgo compares its version with the one `go list -m` gives in the
+	// suite's directory (bin/, under weft's go.mod, not hack/tools' which
+	// built e2e.test) and warns of a mismatch that is not there.
+	cmd.Env = append(os.Environ(), "GO111MODULE=off")
+	// Its own process group: a terminal's ^C reaches this program only,
+	// which interrupts ginkgo once (ginkgo then reports and cleans up).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 3 * time.Minute
+	fmt.Fprintf(log, "# %s\n", strings.Join(cmd.Args, " "))
+	// The process and its children live in the external host's network
+	// namespace, where the API server and the nodes are on the underlay.
+	if err := netnsutil.Do(netnsutil.RunDir+"/"+lab.ExternalNS, cmd.Start); err != nil {
+		return err
+	}
+	return cmd.Wait()
+}
+
+// underlayKubeconfig copies the admin kubeconfig (whose server is the
+// forwarder on the host's loopback) with the server on the underlay,
+// where processes in lab namespaces reach it.
+func underlayKubeconfig(admin, path string) error {
+	cfg, err := clientcmd.LoadFromFile(admin)
+	if err != nil {
+		return err
+	}
+	for _, cl := range cfg.Clusters {
+		cl.Server = fmt.Sprintf("https://%s:%d", lab.ControlIP, lab.APIServerPort)
+	}
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+func parseFile(path string) (Result, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Result{}, err
+	}
+	defer f.Close()
+	res, err := ParseJUnit(f)
+	if err != nil {
+		return res, fmt.Errorf("%s: %w", path, err)
+	}
+	return res, nil
+}
+
+// copyLogs keeps the lab's daemon logs (Down removes the lab directory).
+func copyLogs(from, to string) {
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		return
+	}
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(from, e.Name())); err == nil {
+			_ = os.WriteFile(filepath.Join(to, e.Name()), b, 0o644)
+		}
+	}
+}
+
+// e2eVersion reads the version hack/build-e2e.sh stamped ("k8s.io/kubernetes v1.36.3").
+func e2eVersion(bin string) string {
+	b, err := os.ReadFile(filepath.Join(bin, ".e2e-version"))
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[len(f)-1]
+}
