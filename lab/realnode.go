@@ -651,14 +651,13 @@ func importImages(ctx context.Context, o Options, node string) error {
 	return nil
 }
 
-// ctr is the node's ctr command on the CRI plugin's namespace.
+// ctr is the node's ctr command on the CRI plugin's namespace, run in the
+// node's mount namespace (the socket's full path from outside may be too
+// long for a socket address).
 func (o Options) ctr(ctx context.Context, node string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, filepath.Join(nodeBin(o.BinDir), "ctr"),
-		append([]string{"--address", filepath.Base(containerdSocket), "-n", "k8s.io"}, args...)...)
-	// Relative to the socket's directory: its full path may be too long
-	// for a socket address.
-	cmd.Dir = filepath.Dir(containerdSocketFile(o.Dir, node))
-	return cmd
+	holder, _ := alive(o.Dir, node+"-ns")
+	return exec.CommandContext(ctx, "nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(holder) + "/ns/mnt", "--",
+		filepath.Join(nodeBin(o.BinDir), "ctr"), "--address", containerdSocket, "-n", "k8s.io"}, args...)...)
 }
 
 // PodNetNS is the path of a running pod's network namespace: the

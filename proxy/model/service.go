@@ -26,8 +26,17 @@ func (r *reporter) add(field string, err error) {
 	r.errs = append(r.errs, objErr(r.kind, r.key, field, err))
 }
 
+// Labels that take a Service away from weft, as from kube-proxy: another
+// proxy serves it (its name is the value), or it is to be treated as
+// headless whatever its ClusterIP.
+const (
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless         = "service.kubernetes.io/headless"
+)
+
 // servicePorts builds the ports of one Service. A Service that is not
-// proxied (ExternalName, headless, no ClusterIP) gives nothing. A bad
+// proxied (ExternalName, headless, no ClusterIP, labelled for another
+// proxy or as headless) gives nothing. A bad
 // Service-wide field (a ClusterIP, a source range, the affinity timeout)
 // fails the whole Service closed: no ports, only errors. A bad port, or a
 // bad externalIP, LoadBalancer ingress IP or healthCheckNodePort, is left
@@ -35,6 +44,12 @@ func (r *reporter) add(field string, err error) {
 func servicePorts(svc *corev1.Service) ([]*ServicePort, []ObjectError) {
 	r := &reporter{kind: "Service", key: svc.Namespace + "/" + svc.Name}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil, nil
+	}
+	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return nil, nil
+	}
+	if _, ok := svc.Labels[LabelHeadless]; ok {
 		return nil, nil
 	}
 	cips := clusterIPs(svc, r)
