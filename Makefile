@@ -98,9 +98,14 @@ bpf-check:
 image: build
 	$(GO) run ./hack/mkimage -bin $(BIN) -out $(BIN)/weft-image.oci.tar -version $(VERSION)
 
-# Everything: pure, kernel (private network namespaces), image and lab tests.
-test: deps build kube lint bpf-check image node
+# Everything: pure, kernel (private network namespaces), image and lab
+# tests, then the upstream suite's [sig-network] [Conformance] specs on a
+# real-node lab in one proxy mode (CI_CONFORMANCE_MODE; make conformance
+# runs more).
+CI_CONFORMANCE_MODE ?= iptables
+test: deps build kube lint bpf-check image node e2e
 	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 40m ./...
+	$(GO) run ./test/conformance -conformance-only -modes $(CI_CONFORMANCE_MODE) -out $(BIN)/conformance-ci
 
 # The kernel suites that need another kernel (IPVS; Debian stable's 6.1),
 # run inside a qemu VM booting Debian's kernel (test/vm; make test runs it too).
