@@ -130,20 +130,7 @@ func controlPlane(o Options) []Proc {
 	}
 	p := func(name string) string { return filepath.Join(dir, "pki", name) }
 	ns := netnsutil.RunDir + "/" + ControlNS
-	// Real kubelets keep their own nodes' conditions, with the node
-	// lifecycle controller watching them and the API server tainting new
-	// nodes until they are ready; the API server reaches them (logs,
-	// exec, port-forward) at their InternalIP with its kubelet client
-	// certificate. The mini-kubelets keep their nodes Ready and serve no
-	// kubelet API: nothing would lift the taint.
-	apiserverNodes := []string{"--disable-admission-plugins", "TaintNodesByCondition"}
-	controllers := "*,-nodelifecycle"
-	if o.upstream() {
-		apiserverNodes = []string{"--kubelet-preferred-address-types", "InternalIP",
-			"--kubelet-client-certificate", p("apiserver-kubelet-client.crt"), "--kubelet-client-key", p("apiserver-kubelet-client.key")}
-		controllers = "*"
-	}
-	procs := []Proc{
+	return []Proc{
 		{Name: "etcd", NS: ns, Args: []string{"etcd",
 			"--data-dir", filepath.Join(dir, "etcd"),
 			"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
@@ -159,6 +146,11 @@ func controlPlane(o Options) []Proc {
 			"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
 			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 			"--allow-privileged", "--profiling=false", "--v", "1",
+			// The API server reaches the kubelets (logs, exec,
+			// port-forward) at their InternalIP with a client
+			// certificate of its own.
+			"--kubelet-preferred-address-types", "InternalIP",
+			"--kubelet-client-certificate", p("apiserver-kubelet-client.crt"), "--kubelet-client-key", p("apiserver-kubelet-client.key"),
 		}},
 		{Name: "kube-controller-manager", NS: ns, Args: []string{filepath.Join(binDir, "kube-controller-manager"),
 			"--kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
@@ -167,7 +159,7 @@ func controlPlane(o Options) []Proc {
 			"--use-service-account-credentials", "--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
 			"--allocate-node-cidrs", "--cluster-cidr", ClusterCIDR, "--node-cidr-mask-size", strconv.Itoa(podCIDRSize),
 			"--service-cluster-ip-range", ServiceCIDR,
-			"--controllers", controllers, "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
+			"--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
 		}},
 		// The stock scheduler binds pods that name no node, with the
 		// default plugins (resources, taints, spreading).
@@ -178,8 +170,6 @@ func controlPlane(o Options) []Proc {
 			"--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
 		}},
 	}
-	procs[1].Args = append(procs[1].Args, apiserverNodes...)
-	return procs
 }
 
 // waitAPIServer polls /readyz from inside the control-plane namespace.

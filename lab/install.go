@@ -2,13 +2,11 @@ package lab
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,21 +15,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/weftnet/weft/deploy"
-	"github.com/weftnet/weft/internal/ociimage"
-	"github.com/weftnet/weft/internal/proc"
-	"github.com/weftnet/weft/lab/kubelet"
 )
 
 // The lab installs weft the way users do: it applies deploy/ (the overlay
 // of its proxy mode, plus the lab's own settings) with kubectl, and the
-// mini-kubelets run the DaemonSet's and the Deployment's pods from weft's
-// image. A node's file system is a directory (NodeRoot): the kubelet maps
-// the machine paths a node has its own of (/etc/cni/net.d, /opt/cni/bin,
-// /var/lib/weft, /run/xtables.lock, and for eBPF /sys/fs/bpf and
-// /sys/fs/cgroup) to it, in hostPath volumes and in the CNI configuration
-// the agent writes, so that the plugins the init container installs, the
-// configuration the agent writes and the IPAM state the plugin and the
-// agent share meet where they would on a real node.
+// nodes' kubelets run the DaemonSet's and the Deployment's pods from
+// weft's image, imported into each node's containerd.
 
 // ImageArchive is the image `make image` builds, in the lab's bin dir.
 const ImageArchive = "weft-image.oci.tar"
@@ -43,54 +32,17 @@ const (
 	KubernetesServiceIP = "10.96.0.1"
 )
 
-// WeftImage is the repository of weft's image in deploy/; the lab's
-// kubelets run its tags from local binaries (kubelet.Options.BinDir,
-// ImagesDir).
-const WeftImage = kubelet.ImageRepo
+// WeftImage is the repository of weft's image in deploy/.
+const WeftImage = "ghcr.io/weftnet/weft"
 
 // NodeRoot is a node's own file system, bound over the machine's paths
 // in the node's mount namespace.
 func NodeRoot(dir, node string) string { return filepath.Join(NodeDir(dir, node), "root") }
 
-// imageRoot is where weft's image is unpacked: next to the archive, once
-// per build of it (the labs share it; containers see it read-only but for
-// their mount points).
-func imageRoot(binDir string) string { return filepath.Join(binDir, "weft-image.rootfs") }
-
-// ImagesDir holds binaries standing for other tags of weft's image
-// (ImagesDir/<tag>/weft-agent, ...): an upgrade test puts a build there
-// and sets the DaemonSet's image to that tag.
-func ImagesDir(dir string) string { return filepath.Join(dir, "images") }
-
-// nodePaths are the machine paths a node has its own of.
+// nodePaths are the machine paths a node has its own of: its pods'
+// hostPath volumes (deploy/'s DaemonSet) meet the runtime's CNI plugins
+// and configuration and the plugin's IPAM state there.
 var nodePaths = []string{"/etc/cni/net.d", "/opt/cni/bin", "/var/lib/weft", "/run/xtables.lock"}
-
-// KubeletOptions are the mini-kubelet's settings on a node.
-func (st *State) KubeletOptions(node Member) kubelet.Options {
-	nd, root := NodeDir(st.Dir, node.Name), NodeRoot(st.Dir, node.Name)
-	o := kubelet.Options{
-		Node: node.Name, NodeIP: node.IP, Kubeconfig: filepath.Join(st.Dir, node.Name+"-kubelet.kubeconfig"),
-		StateDir: nd, NSPrefix: NSPrefix,
-		CNIConfDir: filepath.Join(root, "etc/cni/net.d"), CNIBinDir: filepath.Join(root, "opt/cni/bin"),
-		WorkloadBin: filepath.Join(st.BinDir, "weft-workload"),
-		BinDir:      st.BinDir, ImagesDir: ImagesDir(st.Dir), ImageRoot: imageRoot(st.BinDir),
-		Shim:           []string{filepath.Join(st.BinDir, "weftctl"), "lab", "container"},
-		APIServiceHost: KubernetesServiceIP,
-		ClusterDNS:     ClusterDNS, ClusterDomain: "cluster.local",
-		HostPaths: map[string]string{},
-	}
-	if st.Racks > 1 {
-		o.Labels = map[string]string{RackLabel: strconv.Itoa(node.Rack)}
-	}
-	for _, p := range nodePaths {
-		o.HostPaths[p] = filepath.Join(root, p)
-	}
-	if st.ProxyMode == "ebpf" {
-		o.HostPaths["/sys/fs/bpf"] = filepath.Join(bpffsDir(st.Dir), node.Name)
-		o.HostPaths["/sys/fs/cgroup"] = st.nodeCgroup(node.Name)
-	}
-	return o
-}
 
 // prepareNodes makes each node's directories.
 func prepareNodes(o Options, nodes []Member) error {
@@ -107,43 +59,6 @@ func prepareNodes(o Options, nodes []Member) error {
 		}
 	}
 	return nil
-}
-
-// unpackImage unpacks weft's image next to its archive unless this build
-// of it is unpacked already (the archive's size and time are recorded).
-func unpackImage(binDir string) error {
-	archive := filepath.Join(binDir, ImageArchive)
-	st, err := os.Stat(archive)
-	if err != nil {
-		return fmt.Errorf("weft's image: %w (run `make image`)", err)
-	}
-	root := imageRoot(binDir)
-	stamp := fmt.Sprintf("%d %d\n", st.Size(), st.ModTime().UnixNano())
-	if b, err := os.ReadFile(root + ".stamp"); err == nil && string(b) == stamp {
-		return os.Chmod(root, 0o755) // a container's / (an older lab made it 0700)
-	}
-	tmp, err := os.MkdirTemp(binDir, ".weft-image-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	if _, _, err := ociimage.Unpack(archive, tmp); err != nil {
-		return fmt.Errorf("unpacking %s: %w", archive, err)
-	}
-	// It is the containers' /: every user must reach what is below.
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return err
-	}
-	// Replace the old root (removed first: rename does not replace a
-	// directory that has entries), then record the build.
-	_ = os.Remove(root + ".stamp")
-	if err := os.RemoveAll(root); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, root); err != nil {
-		return err
-	}
-	return os.WriteFile(root+".stamp", []byte(stamp), 0o644)
 }
 
 // writeKustomization writes deploy/ into the lab dir, and the lab's
@@ -329,36 +244,4 @@ func WaitServiceAccount(ctx context.Context, c kubernetes.Interface, ns string) 
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-// agentRun is what a node's kubelet recorded of its weft-agent pod.
-type agentRun struct {
-	Name       string `json:"name"`
-	Namespace  string `json:"namespace"`
-	Containers []struct {
-		Name string `json:"name"`
-		PID  int    `json:"pid"`
-	} `json:"containers"`
-}
-
-// miniAgentPID is the pid of the weft-agent container on node, from its
-// mini-kubelet's state.
-func miniAgentPID(dir, node string) (int, bool) {
-	files, _ := filepath.Glob(filepath.Join(NodeDir(dir, node), "pods", "*.json"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var r agentRun
-		if json.Unmarshal(b, &r) != nil || r.Namespace != "weft-system" || !strings.HasPrefix(r.Name, "weft-agent-") {
-			continue
-		}
-		for _, c := range r.Containers {
-			if c.Name == "agent" && proc.Running(c.PID) {
-				return c.PID, true
-			}
-		}
-	}
-	return 0, false
 }

@@ -46,10 +46,6 @@ type Options struct {
 	// agents' own rules in nftables, no iptables tool run). Empty: the
 	// proxy mode's (nftables for the nftables proxy, else iptables).
 	Dataplane string `json:"dataplane,omitempty"`
-	// Kubelet is the nodes' flavour: KubeletUpstream (the upstream
-	// kubelet with containerd and runc; the default) or KubeletMini (the
-	// lab's own).
-	Kubelet string `json:"kubelet,omitempty"`
 	// PodCIDRSize is the prefix length of each node's podCIDR (the
 	// controller-manager's --node-cidr-mask-size; 0: 24).
 	PodCIDRSize int `json:"podCIDRSize,omitempty"`
@@ -85,7 +81,7 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := checkPodCIDRSize(o.PodCIDRSize); err != nil {
 		return err
 	}
-	if err := checkKubelet(&o); err != nil {
+	if err := checkNodes(o); err != nil {
 		return err
 	}
 	if existing, _ := labNamespaces(); len(existing) > 0 {
@@ -126,10 +122,6 @@ func Up(ctx context.Context, o Options) (err error) {
 		return err
 	}
 
-	step("weft's image")
-	if err := unpackImage(o.BinDir); err != nil {
-		return err
-	}
 	if o.Racks > 1 {
 		step("underlay: %d racks (172.18.<rack>.0/24) joined by a ToR, control plane %s, external host %s behind the ToR, %d nodes", o.Racks, ControlIP, members[1].IP, o.Nodes)
 	} else {
@@ -176,13 +168,11 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := prepareNodes(o, NodeMembers(members)); err != nil {
 		return err
 	}
-	if o.upstream() {
-		step("containerd and kubelet on %d nodes", o.Nodes)
-		if err := startRealNodes(waitCtx, o, NodeMembers(members)); err != nil {
-			return err
-		}
+	step("containerd and kubelet on %d nodes", o.Nodes)
+	if err := startRealNodes(waitCtx, o, NodeMembers(members)); err != nil {
+		return err
 	}
-	daemons := nodeDaemons(o, members)
+	daemons := []Proc{extWorkload(o)}
 	if o.Racks > 1 && o.Routing == "bgp" {
 		tor, err := torDaemon(o.Dir, members, clusterASN)
 		if err != nil {
@@ -216,27 +206,19 @@ func Up(ctx context.Context, o Options) (err error) {
 	return nil
 }
 
-// checkKubelet fills in and checks the node flavour; real nodes need what
-// hack/build-node.sh and make test-images build, and runc.
-func checkKubelet(o *Options) error {
-	if o.Kubelet == "" {
-		o.Kubelet = KubeletUpstream
-	}
-	if !slices.Contains(Kubelets, o.Kubelet) {
-		return fmt.Errorf("--kubelet: %q is not one of %v", o.Kubelet, Kubelets)
-	}
-	if !o.upstream() {
-		return nil
-	}
+// checkNodes checks, before anything is made, that the machine has what
+// the nodes need: the programs and images make kube and make node build,
+// runc, and cgroup v1 hierarchies.
+func checkNodes(o Options) error {
 	for _, f := range []string{filepath.Join(o.BinDir, "kubelet"), filepath.Join(nodeBin(o.BinDir), "containerd"),
 		filepath.Join(nodeBin(o.BinDir), "containerd-shim-runc-v2"), filepath.Join(nodeBin(o.BinDir), "ctr"), runcPath,
 		filepath.Join(TestImagesDir(o.BinDir), "pause.oci.tar")} {
 		if _, err := os.Stat(f); err != nil {
-			return fmt.Errorf("--kubelet upstream: %w (make node builds the node's programs and images)", err)
+			return fmt.Errorf("the lab's nodes: %w (make kube node builds their programs and images)", err)
 		}
 	}
 	if hs, err := v1Hierarchies(); err != nil || len(hs) == 0 {
-		return fmt.Errorf("--kubelet upstream: the lab's nodes run the kubelet on the machine's cgroup v1 hierarchies beside the v2 one, and this machine has none (%v)", err)
+		return fmt.Errorf("the lab's nodes run the kubelet on the machine's cgroup v1 hierarchies beside the v2 one, and this machine has none (%v)", err)
 	}
 	return nil
 }
@@ -264,25 +246,21 @@ func Restart(dir, name string) error {
 		return err
 	}
 	if node, ok := strings.CutSuffix(name, "-agent"); ok {
-		pid, ok := AgentPID(dir, node)
+		pid, ok := AgentPID(node)
 		if !ok {
 			return fmt.Errorf("no weft-agent running on %s", node)
 		}
 		proc.Stop([]int{pid}, 0)
 		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			if now, ok := AgentPID(dir, node); ok && now != pid {
+			if now, ok := AgentPID(node); ok && now != pid {
 				return nil
 			}
 		}
 		return fmt.Errorf("the kubelet of %s did not restart weft-agent within 60s", node)
 	}
-	daemons := append(controlPlane(st.Options), nodeDaemons(st.Options, st.Members)...)
-	if st.upstream() {
-		for _, n := range NodeMembers(st.Members) {
-			holder, ok := alive(dir, n.Name+"-ns")
-			if !ok {
-				continue
-			}
+	daemons := append(controlPlane(st.Options), extWorkload(st.Options))
+	for _, n := range NodeMembers(st.Members) {
+		if holder, ok := alive(dir, n.Name+"-ns"); ok {
 			daemons = append(daemons, st.inNodeMounts(n, holder)...)
 		}
 	}
@@ -303,7 +281,7 @@ func Restart(dir, name string) error {
 // container ("node1-agent").
 func PID(dir, name string) (int, bool) {
 	if node, ok := strings.CutSuffix(name, "-agent"); ok {
-		return AgentPID(dir, node)
+		return AgentPID(node)
 	}
 	return alive(dir, name)
 }
@@ -311,21 +289,11 @@ func PID(dir, name string) (int, bool) {
 // NodeDir is a node's own state directory (CNI config, IPAM, pods, logs).
 func NodeDir(dir, node string) string { return filepath.Join(dir, "nodes", node) }
 
-// nodeDaemons are the external host's workload and the nodes'
-// mini-kubelets (real nodes' daemons start in startRealNodes).
-func nodeDaemons(o Options, members []Member) []Proc {
-	procs := []Proc{{Name: "ext-workload", NS: netnsutil.RunDir + "/" + ExternalNS, Args: []string{
+// extWorkload is the external host's workload.
+func extWorkload(o Options) Proc {
+	return Proc{Name: "ext-workload", NS: netnsutil.RunDir + "/" + ExternalNS, Args: []string{
 		filepath.Join(o.BinDir, "weft-workload"), "--name", "external",
-	}}}
-	if o.upstream() {
-		return procs
-	}
-	for _, n := range NodeMembers(members) {
-		procs = append(procs, Proc{Name: n.Name + "-kubelet", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Args: []string{
-			filepath.Join(o.BinDir, "weftctl"), "lab", "kubelet", "--dir", o.Dir, "--node", n.Name,
-		}})
-	}
-	return procs
+	}}
 }
 
 // forwarder is the daemon that makes the API server reachable from the

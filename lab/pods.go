@@ -12,12 +12,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/weftnet/weft/internal/image"
-	"github.com/weftnet/weft/lab/kubelet"
 	"github.com/weftnet/weft/lab/workload"
 )
 
@@ -43,14 +40,8 @@ func WorkloadPod(name, node string, labels map[string]string) *corev1.Pod {
 }
 
 // SetReady turns a running workload pod's readiness as its application
-// would: the kubelet's readiness probe sees it on its next period. (The
-// mini-kubelet takes it from an annotation.)
-func (st *State) SetReady(ctx context.Context, c kubernetes.Interface, p *corev1.Pod, ready bool) error {
-	if !st.upstream() {
-		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, kubelet.ReadyAnnotation, strconv.FormatBool(ready))
-		_, err := c.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
-		return err
-	}
+// would: the kubelet's readiness probe sees it on its next period.
+func (st *State) SetReady(ctx context.Context, p *corev1.Pod, ready bool) error {
 	for _, n := range NodeMembers(st.Members) {
 		if n.Name == p.Spec.NodeName {
 			addr := netip.MustParseAddr(p.Status.PodIP)
@@ -60,17 +51,10 @@ func (st *State) SetReady(ctx context.Context, c kubernetes.Interface, p *corev1
 	return fmt.Errorf("pod %s/%s is on no lab node", p.Namespace, p.Name)
 }
 
-// AgentPID is the pid of the weft-agent container on node.
-func AgentPID(dir, node string) (int, bool) {
-	if st, err := Load(dir); err == nil && st.upstream() {
-		return realAgentPID(node)
-	}
-	return miniAgentPID(dir, node)
-}
-
-// realAgentPID finds the weft-agent process among the node's containers
-// (the processes in its kubelet's cgroup root).
-func realAgentPID(node string) (int, bool) {
+// AgentPID is the pid of the weft-agent container on node: the weft-agent
+// process among the node's containers (the processes in its kubelet's
+// cgroup root).
+func AgentPID(node string) (int, bool) {
 	procs, _ := os.ReadDir("/proc")
 	root := kubeletCgroupRoot(node) + "/"
 	for _, e := range procs {
@@ -91,11 +75,7 @@ func realAgentPID(node string) (int, bool) {
 
 // AgentLog is the newest log of the weft-agent container on node.
 func AgentLog(dir, node string) string {
-	pattern := filepath.Join(NodeDir(dir, node), "logs", "weft-system_weft-agent-*_agent.log")
-	if st, err := Load(dir); err == nil && st.upstream() {
-		pattern = filepath.Join(NodeRoot(dir, node), "var/log/pods", "weft-system_weft-agent-*", "agent", "*.log")
-	}
-	files, _ := filepath.Glob(pattern)
+	files, _ := filepath.Glob(filepath.Join(NodeRoot(dir, node), "var/log/pods", "weft-system_weft-agent-*", "agent", "*.log"))
 	var newest string
 	var at time.Time
 	for _, f := range files {
@@ -109,24 +89,14 @@ func AgentLog(dir, node string) string {
 // PodLogs lists the logs of every container of the lab's pods in
 // namespace ns, on every node.
 func PodLogs(dir, ns string) []string {
-	mini, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", ns+"_*.log"))
-	real, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "root", "var/log/pods", ns+"_*", "*", "*.log"))
-	return append(mini, real...)
+	logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "root", "var/log/pods", ns+"_*", "*", "*.log"))
+	return logs
 }
 
 // TagWeftImage gives weft's image (the dev tag) another tag on every node,
 // as a new build pushed under a new tag would arrive: an upgrade test rolls
 // the DaemonSet to it.
 func (st *State) TagWeftImage(ctx context.Context, tag string) error {
-	if !st.upstream() {
-		// The mini-kubelet runs a tag from ImagesDir/<tag>'s binaries.
-		for name := range image.Binaries {
-			if err := copyExecutable(filepath.Join(st.BinDir, name), filepath.Join(ImagesDir(st.Dir), tag, name)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	for _, n := range NodeMembers(st.Members) {
 		if out, err := st.ctr(ctx, n.Name, "images", "tag", "--force", WeftImage+":dev", WeftImage+":"+tag).CombinedOutput(); err != nil {
 			return fmt.Errorf("node %s: tagging %s:%s: %w: %s", n.Name, WeftImage, tag, err, out)

@@ -62,14 +62,10 @@ func resolveDataplane(o *Options) error {
 // directory (the cgroup v2 hierarchy is the machine's one, seen through a
 // mount of its own), and Down removes the cgroups and the mounts.
 
-// nodeCgroup is a node's cgroup v2 directory: the eBPF mode's socket
-// programs attach there, and real nodes run in it (their containers'
-// cgroup v2 membership is the node's). "" for mini-kubelet nodes outside
-// the eBPF mode.
+// nodeCgroup is a node's cgroup v2 directory: the node's daemons run in
+// it, and so its containers, and the eBPF mode's socket programs attach
+// there.
 func (o Options) nodeCgroup(node string) string {
-	if o.ProxyMode != "ebpf" && !o.upstream() {
-		return ""
-	}
 	return filepath.Join(cgroupDir(o.Dir), NSPrefix+node)
 }
 
@@ -79,10 +75,7 @@ func bpffsDir(dir string) string  { return filepath.Join(dir, "bpffs") }
 
 // prepareProxyMode makes the nodes' cgroups, and for eBPF the bpffs.
 func prepareProxyMode(o Options, nodes []Member) error {
-	mounts := map[string]string{}
-	if o.nodeCgroup("") != "" {
-		mounts["cgroup2"] = cgroupDir(o.Dir)
-	}
+	mounts := map[string]string{"cgroup2": cgroupDir(o.Dir)}
 	if o.ProxyMode == "ebpf" {
 		mounts["bpf"] = bpffsDir(o.Dir)
 	}
@@ -95,10 +88,8 @@ func prepareProxyMode(o Options, nodes []Member) error {
 		}
 	}
 	for _, n := range nodes {
-		if cg := o.nodeCgroup(n.Name); cg != "" {
-			if err := os.Mkdir(cg, 0o755); err != nil {
-				return fmt.Errorf("node %s's cgroup: %w", n.Name, err)
-			}
+		if err := os.Mkdir(o.nodeCgroup(n.Name), 0o755); err != nil {
+			return fmt.Errorf("node %s's cgroup: %w", n.Name, err)
 		}
 	}
 	return nil
@@ -217,9 +208,8 @@ func (st *State) Dialer(nsPath string) DialFunc {
 }
 
 // nodeOf is the node a namespace path belongs to ("" for other members):
-// a node's namespace or a mini-kubelet pod's (named after the node), or a
-// real node's pod's, /proc/PID/ns/net of a process in the node's cgroup
-// root.
+// a node's namespace, or a pod's, /proc/PID/ns/net of a process in the
+// node's cgroup root (lab.State.PodNetNS).
 func (st *State) nodeOf(nsPath string) string {
 	if pid, ok := strings.CutSuffix(strings.TrimPrefix(nsPath, "/proc/"), "/ns/net"); ok {
 		b, _ := os.ReadFile("/proc/" + pid + "/cgroup")
@@ -230,11 +220,9 @@ func (st *State) nodeOf(nsPath string) string {
 		}
 		return ""
 	}
-	name, _ := strings.CutPrefix(filepath.Base(nsPath), NSPrefix)
-	node, _, _ := strings.Cut(name, "-")
 	for _, m := range NodeMembers(st.Members) {
-		if m.Name == node {
-			return node
+		if m.NSPath() == nsPath {
+			return m.Name
 		}
 	}
 	return ""

@@ -15,9 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/weftnet/weft/internal/netnsutil"
-	"github.com/weftnet/weft/lab/kubelet"
 )
 
 // A real lab node is what a cluster's node runs: the upstream kubelet and
@@ -39,19 +36,6 @@ import (
 // the node's cgroup v2 directory, which is the node's
 // /sys/fs/cgroup/unified (the eBPF mode's socket programs attach there,
 // never to the machine's root cgroup).
-
-// Kubelets are the node flavours: the upstream kubelet with containerd, or
-// the lab's mini-kubelet.
-const (
-	KubeletUpstream = "upstream"
-	KubeletMini     = "mini"
-)
-
-// Kubelets lists the node flavours.
-var Kubelets = []string{KubeletUpstream, KubeletMini}
-
-// upstream reports whether the lab's nodes run the upstream kubelet.
-func (o Options) upstream() bool { return o.Kubelet == KubeletUpstream }
 
 // nodeBin is where hack/build-node.sh puts containerd, its shim, ctr and
 // pause.
@@ -660,16 +644,12 @@ func (o Options) ctr(ctx context.Context, node string, args ...string) *exec.Cmd
 		filepath.Join(nodeBin(o.BinDir), "ctr"), "--address", containerdSocket, "-n", "k8s.io"}, args...)...)
 }
 
-// PodNetNS is the path of a running pod's network namespace: the
-// mini-kubelet's named namespace, or on a real node that of a process of
-// the pod (found by its cgroup, which the kubelet names after the pod's
-// UID; the pod's sandbox lives as long as the pod).
+// PodNetNS is the path of a running pod's network namespace: that of a
+// process of the pod, found by its cgroup, which the kubelet names after
+// the pod's UID (the pod's sandbox lives as long as the pod).
 func (st *State) PodNetNS(p *corev1.Pod) (string, error) {
 	if p.Spec.NodeName == "" || p.Status.PodIP == "" {
 		return "", fmt.Errorf("pod %s/%s is not running on a node yet", p.Namespace, p.Name)
-	}
-	if !st.upstream() {
-		return netnsutil.RunDir + "/" + kubelet.PodNetNS(NSPrefix, p.Spec.NodeName, p.UID), nil
 	}
 	want := "/pod" + string(p.UID) + "/"
 	procs, err := os.ReadDir("/proc")

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/kubelet"
 )
 
 func newFlags(name string) (*flag.FlagSet, *string) {
@@ -38,7 +36,6 @@ func labUp(args []string) error {
 	dataplane := fs.String("dataplane", "", "where the agents' packet rules live: "+strings.Join(lab.Dataplanes, ", ")+" (default: nftables with --proxy-mode nftables, else iptables)")
 	podCIDRSize := fs.Int("pod-cidr-size", lab.DefaultPodCIDRSize, "prefix length of each node's podCIDR, within the cluster's "+lab.ClusterCIDR)
 	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
-	kubeletKind := fs.String("kubelet", lab.KubeletUpstream, "the nodes' kubelet: "+strings.Join(lab.Kubelets, ", ")+" (upstream: kubelet, containerd and runc)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -49,7 +46,7 @@ func labUp(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return lab.Up(ctx, lab.Options{
-		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, PodCIDRSize: *podCIDRSize, Kubelet: *kubeletKind, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
 	})
 }
 
@@ -187,33 +184,6 @@ func labForward(args []string) error {
 	}
 }
 
-// labKubelet is a node's mini-kubelet daemon (started by lab up).
-func labKubelet(args []string) error {
-	fs, dir := newFlags("kubelet")
-	node := fs.String("node", "", "node name")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	st, err := lab.Load(*dir)
-	if err != nil {
-		return err
-	}
-	var me *lab.Member
-	for i, m := range st.Members {
-		if m.Name == *node {
-			me = &st.Members[i]
-		}
-	}
-	if me == nil {
-		return fmt.Errorf("--node: no lab node named %q", *node)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	o := st.KubeletOptions(*me)
-	o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	return kubelet.Run(ctx, o)
-}
-
 // labNodeNS holds a real node's mount namespace (started by lab up).
 func labNodeNS(args []string) error {
 	fs, dir := newFlags("node-ns")
@@ -226,15 +196,4 @@ func labNodeNS(args []string) error {
 		return err
 	}
 	return lab.NodeNamespace(st.Options, *node)
-}
-
-// labContainer is the container shim the lab's kubelet starts for a
-// container of weft's image (kubelet.ContainerShim).
-func labContainer(args []string) error {
-	fs := flag.NewFlagSet("container", flag.ContinueOnError)
-	spec := fs.String("spec", "", "the container's spec file, written by the kubelet")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	return kubelet.ContainerShim(*spec)
 }

@@ -1,6 +1,6 @@
 // Command weftctl is weft's operator CLI. Today it runs the lab:
 //
-//	weftctl lab up [--nodes N] [--routing hostgw|vxlan|bgp] [--racks N] [--proxy-mode MODE] [--dataplane iptables|nftables] [--kubelet upstream|mini] [--dir DIR]
+//	weftctl lab up [--nodes N] [--routing hostgw|vxlan|bgp] [--racks N] [--proxy-mode MODE] [--dataplane iptables|nftables] [--dir DIR]
 //	weftctl lab status [--dir DIR]
 //	weftctl lab exec [--dir DIR] NODE|POD -- CMD [ARGS...]
 //	weftctl lab down [--dir DIR]
@@ -20,7 +20,7 @@ import (
 const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ... | weftctl sysctl ...
 
   lab up      [--nodes N] [--routing hostgw|vxlan|bgp] [--racks N] [--proxy-mode iptables|nftables|ebpf]
-              [--dataplane iptables|nftables] [--pod-cidr-size N] [--kubelet upstream|mini] [--dir DIR] [--api-port PORT]
+              [--dataplane iptables|nftables] [--pod-cidr-size N] [--dir DIR] [--api-port PORT]
   lab down    [--dir DIR]
   lab status  [--dir DIR]
   lab exec    [--dir DIR] NODE|POD -- CMD [ARGS...]   run CMD in the network namespace of a
@@ -54,7 +54,7 @@ func main() {
 		os.Exit(2)
 	}
 	cmds := map[string]func([]string) error{
-		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward, "kubelet": labKubelet, "container": labContainer, "node-ns": labNodeNS,
+		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward, "node-ns": labNodeNS,
 	}
 	run, ok := cmds[os.Args[2]]
 	if !ok {

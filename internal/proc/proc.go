@@ -1,5 +1,4 @@
-// Package proc holds what the lab, its mini-kubelet and the benchmarks
-// need of processes they started: whether one still runs, the CPU time it
+// Package proc holds what the lab and the benchmarks need of processes they started: whether one still runs, the CPU time it
 // used, and stopping a set of them with a grace period.
 package proc
 

@@ -1,7 +1,7 @@
 // Package pki issues the certificates of a lab cluster: one CA, the API
 // server's serving certificate, and client certificates for every identity
 // that talks to the API server (admin, controller-manager, node agents,
-// mini-kubelets), plus the service-account signing key.
+// kubelets), plus the service-account signing key.
 //
 // Keys are ECDSA P-256; everything is written PEM-encoded, keys mode 0600.
 package pki

@@ -1,7 +1,7 @@
 // Command conformance runs the upstream Kubernetes e2e suite's
 // [sig-network] specs against weft: for each service-proxy mode it brings
-// up a lab whose nodes run the upstream kubelet, containerd and runc
-// (lab.KubeletUpstream), runs bin/ginkgo with bin/e2e.test from the lab's
+// up a lab (whose nodes run the upstream kubelet, containerd and runc),
+// runs bin/ginkgo with bin/e2e.test from the lab's
 // external host, tears the lab down, and finally writes a summary of the
 // JUnit reports. See docs/conformance.md.
 //
@@ -221,7 +221,7 @@ func runMode(ctx context.Context, c config, mode string, keep bool) (res Result)
 	defer upLog.Close()
 	upCtx, cancel := context.WithTimeout(ctx, upTimeout)
 	err = lab.Up(upCtx, lab.Options{
-		Nodes: c.nodes, Routing: "hostgw", ProxyMode: mode, Kubelet: lab.KubeletUpstream,
+		Nodes: c.nodes, Routing: "hostgw", ProxyMode: mode,
 		Dir: dir, BinDir: c.bin, APIPort: lab.APIServerPort, Out: io.MultiWriter(os.Stdout, upLog),
 	})
 	cancel()

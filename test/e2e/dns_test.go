@@ -267,7 +267,7 @@ func TestDNS(t *testing.T) {
 	badPackets(t, clientNS, server)
 
 	// A pod turning not ready leaves the headless Service's answer.
-	if err := c.state.SetReady(ctx, c.client, web2, false); err != nil {
+	if err := c.state.SetReady(ctx, web2, false); err != nil {
 		t.Fatal(err)
 	}
 	want := sorted(db+" A "+web1.Status.PodIP, db+" A "+named.Status.PodIP)

@@ -16,9 +16,9 @@ import (
 )
 
 // scheduledDeployment is what a new user does first: a Deployment whose
-// pods name no node (`kubectl create deployment spread --image=anything
+// pods name no node (`kubectl create deployment spread --image=weft-workload:lab
 // --replicas=6`) and a Service in front of it. kube-scheduler places the
-// pods over every node, the mini-kubelets run them, and the Service
+// pods over every node, the kubelets run them, and the Service
 // answers from clientNS with pods of every node.
 func scheduledDeployment(t *testing.T, c *cluster, clientNS string) {
 	t.Helper()

@@ -206,7 +206,7 @@ func services(t *testing.T, c *cluster) {
 
 	// Readiness flip: web-2 must stop receiving traffic.
 	flipped := time.Now()
-	if err := c.state.SetReady(ctx, c.client, web2, false); err != nil {
+	if err := c.state.SetReady(ctx, web2, false); err != nil {
 		t.Fatal(err)
 	}
 	clean := 0
