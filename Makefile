@@ -122,8 +122,10 @@ test-unit:
 PROXY_BENCH_FLAGS ?= -services 1000,5000 -conn
 # weft-dns against CoreDNS (kubernetes plugin, cache 30); DNS_BENCH_FLAGS picks sizes.
 DNS_BENCH_FLAGS ?= -services 10000
-bench: deps build kube image coredns
+bench: deps build kube image node coredns
 	$(GO) run ./test/bench/cnibench -plugins $(CNI_BIN)
+	# The lab: a 3-node lab up, and pod start latency on its real nodes (a 30-replica Deployment to all Ready).
+	$(GO) run ./test/bench/podstartbench
 	$(GO) run ./test/bench/proxybench $(PROXY_BENCH_FLAGS)
 	$(GO) run ./test/bench/dnsbench $(DNS_BENCH_FLAGS)
 	$(GO) run ./test/bench/policybench

@@ -27,12 +27,8 @@ if [[ -x $BIN/e2e.test && -x $BIN/ginkgo && -f $STAMP && $(<"$STAMP") == "$want"
 	exit 0
 fi
 
-# The version the suite reports, as hack/build-kube.sh stamps it.
-[[ $version =~ ^v([0-9]+)\.([0-9]+) ]] || fail "k8s.io/kubernetes version $version is not a release version"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=${BASH_REMATCH[1]} -X $pkg.gitMinor=${BASH_REMATCH[2]} -X $pkg.gitTreeState=archive"
-done
+# The version the suite reports, stamped as the other Kubernetes binaries.
+kube_ldflags "$version"
 
 echo "building e2e.test and ginkgo ($want)..." >&2
 tmp=$(mktemp -d "$BIN/.e2e-build.XXXXXX")

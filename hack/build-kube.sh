@@ -46,25 +46,7 @@ for b in "${BINARIES[@]}"; do
 done
 ((${#todo[@]})) || exit 0
 
-# Version stamping as upstream's hack/lib/version.sh does it, so that
-# `kube-apiserver --version` reports the release rather than v0.0.0-master.
-# The commit is unknown here: the source comes from module zips, not a git
-# tree. "archive" is upstream's tree state for builds from a source archive;
-# the build date is the module's publication time, keeping builds
-# reproducible.
-[[ $version =~ ^v([0-9]+)\.([0-9]+)(\.[0-9]+)?([-].*)?([+].*)?$ ]] ||
-	fail "k8s.io/kubernetes version $version is not a release version"
-major=${BASH_REMATCH[1]}
-minor=${BASH_REMATCH[2]}
-[[ -z ${BASH_REMATCH[4]} ]] || minor+="+"
-date=$("$GO" -C "$TOOLS" list -mod=readonly -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes 2>"$log") ||
-	fail "cannot read the k8s.io/kubernetes module time"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-	ldflags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=archive"
-	[[ -z $date ]] || ldflags+=" -X $pkg.buildDate=$date"
-done
+kube_ldflags "$version"
 
 pkgs=()
 for b in "${todo[@]}"; do
