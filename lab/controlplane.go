@@ -159,6 +159,9 @@ func controlPlane(o Options) []Proc {
 			"--use-service-account-credentials", "--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
 			"--allocate-node-cidrs", "--cluster-cidr", ClusterCIDR, "--node-cidr-mask-size", strconv.Itoa(podCIDRSize),
 			"--service-cluster-ip-range", ServiceCIDR,
+			// A node whose kubelet stopped is NotReady after 20 s (the
+			// default is 50 s; the kubelets renew their leases every 10 s).
+			"--node-monitor-grace-period", "20s",
 			"--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
 		}},
 		// The stock scheduler binds pods that name no node, with the

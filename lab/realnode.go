@@ -84,6 +84,26 @@ func (o Options) nodeBinds(node string) []nodeBind {
 	return b
 }
 
+// MachinePaths are the machine's paths a lab's nodes bind their own
+// directories over (and which lab up makes if the machine lacks them).
+func MachinePaths(o Options) []string {
+	var out []string
+	for _, b := range o.nodeBinds(NodeName(0)) {
+		out = append(out, b.Target)
+	}
+	return out
+}
+
+// KubeletSysctls are the host-wide kernel settings the kubelets change
+// and lab down puts back, as /proc/sys paths.
+func KubeletSysctls() []string {
+	out := make([]string, len(kubeletSysctls))
+	for i, s := range kubeletSysctls {
+		out[i] = "/proc/sys/" + s
+	}
+	return out
+}
+
 // createdPaths records the mount points the lab had to create on the
 // machine for its nodes' binds (Down removes them).
 func createdPaths(dir string) string { return filepath.Join(dir, "created-paths") }

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/internal/nlutil"
+	"github.com/weftnet/weft/internal/proc"
 	"github.com/weftnet/weft/internal/testutil"
 	"github.com/weftnet/weft/lab"
 	"github.com/weftnet/weft/lab/check"
@@ -62,6 +64,23 @@ type cluster struct {
 	dir    string
 	state  *lab.State
 	client kubernetes.Interface
+	// before is the machine as lab up found it: the kubelets' host-wide
+	// kernel settings, and which of the nodes' machine paths existed.
+	before map[string]string
+}
+
+// machineState reads what a lab must leave as it found it.
+func machineState(o lab.Options) map[string]string {
+	out := map[string]string{}
+	for _, s := range lab.KubeletSysctls() {
+		b, _ := os.ReadFile(s)
+		out[s] = strings.TrimSpace(string(b))
+	}
+	for _, p := range lab.MachinePaths(o) {
+		_, err := os.Stat(p)
+		out[p] = fmt.Sprint(err == nil)
+	}
+	return out
 }
 
 func up(t *testing.T, nodes int, mode string) *cluster {
@@ -92,6 +111,7 @@ func upOptions(t *testing.T, o lab.Options) *cluster {
 	defer cancel()
 	var progress strings.Builder
 	o.Dir, o.BinDir, o.APIPort, o.Out = dir, binDir(t), 6443, &progress
+	before := machineState(o)
 	err = lab.Up(ctx, o)
 	t.Cleanup(func() {
 		defer done()
@@ -113,7 +133,7 @@ func upOptions(t *testing.T, o lab.Options) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &cluster{dir: dir, state: st, client: c}
+	return &cluster{dir: dir, state: st, client: c, before: before}
 }
 
 func dumpLogs(t *testing.T, dir string) {
@@ -229,6 +249,9 @@ func TestLab(t *testing.T) {
 
 			addBadNodes(t, c)
 			c.mustCheck(t)
+			if mode == "hostgw" {
+				kubeletRestart(t, c, "node2")
+			}
 
 			gone := podCIDR(t, c, "node3")
 			n1 := c.node("node1")
@@ -254,7 +277,7 @@ func TestLab(t *testing.T) {
 			if err := lab.Down(c.dir); err != nil {
 				t.Fatal(err)
 			}
-			assertNothingLeft(t, c.dir)
+			c.assertNothingLeft(t)
 		})
 	}
 }
@@ -293,8 +316,58 @@ func logged(dir, daemon, s string) bool {
 	return strings.Contains(string(b), s)
 }
 
-func assertNothingLeft(t *testing.T, dir string) {
+// kubeletRestart stops a node's kubelet as a crash would: the control
+// plane reports the node NotReady, lab status names the dead daemon, and
+// once the kubelet is started again the node is Ready.
+func kubeletRestart(t *testing.T, c *cluster, node string) {
 	t.Helper()
+	daemon := node + "-kubelet"
+	pid, ok := lab.PID(c.dir, daemon)
+	if !ok {
+		t.Fatalf("%s is not running", daemon)
+	}
+	proc.Stop([]int{pid}, 0)
+	for _, p := range lab.Procs(c.dir) {
+		if p.Name == daemon && p.Running {
+			t.Errorf("lab status reports the killed %s running", daemon)
+		}
+	}
+	ready := func(want corev1.ConditionStatus) func() bool {
+		return func() bool {
+			n, err := c.client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+			if err != nil {
+				return false
+			}
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady {
+					return cond.Status == want
+				}
+			}
+			return false
+		}
+	}
+	testutil.Eventually(t, 2*time.Minute, node+" reported not ready after its kubelet died", func() bool { return !ready(corev1.ConditionTrue)() })
+	if err := lab.Restart(c.dir, daemon); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 2*time.Minute, node+" ready again after its kubelet restarted", ready(corev1.ConditionTrue))
+}
+
+// assertNothingLeft checks that lab down left the machine as lab up found
+// it: no lab namespace, process in a lab cgroup, lab dir, mount point the
+// lab made, or changed kernel setting.
+func (c *cluster) assertNothingLeft(t *testing.T) {
+	t.Helper()
+	dir := c.dir
+	if now := machineState(c.state.Options); !maps.Equal(now, c.before) {
+		t.Errorf("the machine after lab down %v, before lab up %v", now, c.before)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, f := range procs {
+		if b, err := os.ReadFile(f); err == nil && strings.Contains(string(b), "/"+lab.NSPrefix) {
+			t.Errorf("a process in a lab cgroup after lab down (%s): %s", f, b)
+		}
+	}
 	entries, _ := os.ReadDir(netnsutil.RunDir)
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), lab.NSPrefix) {
