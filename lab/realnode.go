@@ -355,8 +355,13 @@ func v1Hierarchies() ([]v1Hierarchy, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseV1Hierarchies(string(b)), nil
+}
+
+// parseV1Hierarchies reads the v1 hierarchies of a /proc/PID/cgroup.
+func parseV1Hierarchies(procCgroup string) []v1Hierarchy {
 	var out []v1Hierarchy
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
 		f := strings.SplitN(line, ":", 3)
 		if len(f) != 3 || f[1] == "" {
 			continue // the v2 hierarchy
@@ -367,7 +372,7 @@ func v1Hierarchies() ([]v1Hierarchy, error) {
 		}
 		out = append(out, h)
 	}
-	return out, nil
+	return out
 }
 
 // mountCgroups mounts, under root (a tmpfs it mounts first), every v1
