@@ -314,12 +314,9 @@ func prepareRealNode(o Options, n Member) error {
 			return err
 		}
 	}
-	// A node's resolver for dnsPolicy Default pods: the lab has no DNS of
-	// its own outside the cluster's.
 	files := map[string]string{
 		"etc/containerd/config.toml":  o.containerdConfig(n.Name),
 		"etc/kubernetes/kubelet.yaml": o.kubeletConfig(n),
-		"etc/resolv.conf":             "nameserver " + ExternalIP.String() + "\n",
 		"run/xtables.lock":            "",
 	}
 	for rel, content := range files {
