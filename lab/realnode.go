@@ -45,7 +45,7 @@ func nodeBin(binDir string) string { return filepath.Join(binDir, "node") }
 const runcPath = "/usr/sbin/runc"
 
 // TestImagesDir holds the images every real node imports besides weft's:
-// pause, the e2e suite's and the lab workload's (make test-images).
+// pause, the e2e suite's and the lab workload's (make node).
 func TestImagesDir(binDir string) string { return filepath.Join(binDir, "images") }
 
 // kubeletSysctls are the host-wide kernel settings the kubelet writes at
@@ -125,8 +125,9 @@ func makeMountPoints(o Options) error {
 
 // NodeNamespace is `weftctl lab node-ns`: run in a new mount namespace
 // (unshare --mount --propagation slave), it makes the namespace's mounts
-// shared, binds the node's directories, writes the ready file and waits
-// for SIGTERM. The namespace lives on in the node's daemons.
+// shared, mounts the node's /sys and cgroups, makes the kubelet's cgroup
+// root, binds the node's directories, writes the ready file and waits for
+// SIGTERM. The namespace lives on in the node's daemons.
 func NodeNamespace(o Options, node string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
 		return fmt.Errorf("making / shared: %w", err)
