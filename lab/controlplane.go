@@ -87,6 +87,9 @@ func issueCerts(dir string, nodes []Member, apiPort int) error {
 	}
 	clients := []client{
 		{"admin", adminUser, fmt.Sprintf("https://127.0.0.1:%d", apiPort), []string{"system:masters"}},
+		// The admin from inside the lab (its external host, e.g. the
+		// upstream e2e suite): the API server on the underlay.
+		{"admin-underlay", adminUser, inLab, []string{"system:masters"}},
 		{"controller-manager", controllerManager, inLab, nil},
 		{"scheduler", scheduler, inLab, nil},
 	}

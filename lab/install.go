@@ -44,23 +44,6 @@ func NodeRoot(dir, node string) string { return filepath.Join(NodeDir(dir, node)
 // and configuration and the plugin's IPAM state there.
 var nodePaths = []string{"/etc/cni/net.d", "/opt/cni/bin", "/var/lib/weft", "/run/xtables.lock"}
 
-// prepareNodes makes each node's directories.
-func prepareNodes(o Options, nodes []Member) error {
-	for _, n := range nodes {
-		for _, p := range []string{"etc/cni/net.d", "opt/cni/bin", "var/lib/weft", "run"} {
-			if err := os.MkdirAll(filepath.Join(NodeRoot(o.Dir, n.Name), p), 0o755); err != nil {
-				return err
-			}
-		}
-		if o.ProxyMode == "ebpf" {
-			if err := os.MkdirAll(filepath.Join(bpffsDir(o.Dir), n.Name), 0o700); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
 // writeKustomization writes deploy/ into the lab dir, and the lab's
 // overlay (deploy-lab) on top of the proxy mode's: the lab's routing and resync, and
 // the API server's address for pods on the node's network (the

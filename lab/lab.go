@@ -67,6 +67,10 @@ func statePath(dir string) string { return filepath.Join(dir, "lab.json") }
 // AdminKubeconfig is the path of the admin's kubeconfig.
 func AdminKubeconfig(dir string) string { return filepath.Join(dir, "admin.kubeconfig") }
 
+// UnderlayKubeconfig is the admin's kubeconfig for use from a lab
+// namespace: its server is the API server's underlay address.
+func UnderlayKubeconfig(dir string) string { return filepath.Join(dir, "admin-underlay.kubeconfig") }
+
 // Up builds the lab. On failure it removes whatever it made.
 func Up(ctx context.Context, o Options) (err error) {
 	if o.Nodes < 1 {
@@ -165,9 +169,6 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := prepareProxyMode(o, NodeMembers(members)); err != nil {
 		return err
 	}
-	if err := prepareNodes(o, NodeMembers(members)); err != nil {
-		return err
-	}
 	step("containerd and kubelet on %d nodes", o.Nodes)
 	if err := startRealNodes(waitCtx, o, NodeMembers(members)); err != nil {
 		return err
@@ -191,11 +192,12 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := install(waitCtx, &st); err != nil {
 		return err
 	}
-	if err := waitNodesReady(waitCtx, client, NodeMembers(members)); err != nil {
+	nodes, err := waitNodesReady(waitCtx, client, NodeMembers(members))
+	if err != nil {
 		return err
 	}
 	if o.Racks <= 1 {
-		if err := routeControlPlaneToPods(waitCtx, client, NodeMembers(members)); err != nil {
+		if err := routeControlPlaneToPods(NodeMembers(members), nodes); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -55,22 +54,13 @@ func (st *State) SetReady(ctx context.Context, p *corev1.Pod, ready bool) error 
 // process among the node's containers (the processes in its kubelet's
 // cgroup root).
 func AgentPID(node string) (int, bool) {
-	procs, _ := os.ReadDir("/proc")
-	root := kubeletCgroupRoot(node) + "/"
-	for _, e := range procs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+	return findProcess(func(pid int, cgroup string) bool {
+		if !inNodeCgroup(cgroup, node) {
+			return false
 		}
-		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || filepath.Base(strings.SplitN(string(cmd), "\x00", 2)[0]) != "weft-agent" {
-			continue
-		}
-		if cg, err := os.ReadFile("/proc/" + e.Name() + "/cgroup"); err == nil && strings.Contains(string(cg), ":"+root) {
-			return pid, true
-		}
-	}
-	return 0, false
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && filepath.Base(strings.SplitN(string(cmd), "\x00", 2)[0]) == "weft-agent"
+	})
 }
 
 // AgentLog is the newest log of the weft-agent container on node.

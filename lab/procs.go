@@ -129,3 +129,25 @@ func pidsInNamespaces(paths []string) ([]int, error) {
 	}
 	return pids, nil
 }
+
+// findProcess returns the first process whose /proc/PID/cgroup text match
+// accepts.
+func findProcess(match func(pid int, cgroup string) bool) (int, bool) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cgroup"); err == nil && match(pid, string(b)) {
+			return pid, true
+		}
+	}
+	return 0, false
+}
+
+// inNodeCgroup reports whether a /proc/PID/cgroup text places the process
+// under a node's kubelet cgroup root (a container of the node's).
+func inNodeCgroup(cgroup, node string) bool {
+	return strings.Contains(cgroup, ":"+kubeletCgroupRoot(node)+"/")
+}

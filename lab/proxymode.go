@@ -214,7 +214,7 @@ func (st *State) nodeOf(nsPath string) string {
 	if pid, ok := strings.CutSuffix(strings.TrimPrefix(nsPath, "/proc/"), "/ns/net"); ok {
 		b, _ := os.ReadFile("/proc/" + pid + "/cgroup")
 		for _, m := range NodeMembers(st.Members) {
-			if strings.Contains(string(b), ":"+kubeletCgroupRoot(m.Name)+"/") {
+			if inNodeCgroup(string(b), m.Name) {
 				return m.Name
 			}
 		}

@@ -15,13 +15,15 @@ import (
 )
 
 // waitNodesReady waits until every node is registered, has a podCIDR, and
-// its agent has cleared NetworkUnavailable.
-func waitNodesReady(ctx context.Context, c kubernetes.Interface, nodes []Member) error {
+// its agent has cleared NetworkUnavailable, and returns the Nodes.
+func waitNodesReady(ctx context.Context, c kubernetes.Interface, nodes []Member) ([]*corev1.Node, error) {
 	pending := map[string]string{}
 	for {
 		clear(pending)
+		var ready []*corev1.Node
 		for _, m := range nodes {
 			n, err := c.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
+			ready = append(ready, n)
 			switch {
 			case err != nil:
 				pending[m.Name] = "not registered"
@@ -32,11 +34,11 @@ func waitNodesReady(ctx context.Context, c kubernetes.Interface, nodes []Member)
 			}
 		}
 		if len(pending) == 0 {
-			return nil
+			return ready, nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("nodes not ready %v (see the logs in the lab dir): %w", pending, ctx.Err())
+			return nil, fmt.Errorf("nodes not ready %v (see the logs in the lab dir): %w", pending, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -58,13 +60,11 @@ func networkReady(n *corev1.Node) bool {
 // specs read results through) and webhooks. On racks the ToR routes pod
 // addresses it learns by BGP; with other routing there, the control plane
 // does not reach pods.
-func routeControlPlaneToPods(ctx context.Context, c kubernetes.Interface, nodes []Member) error {
+// The Nodes are members' (in the same order).
+func routeControlPlaneToPods(members []Member, nodes []*corev1.Node) error {
 	var routes []netlink.Route
-	for _, m := range nodes {
-		n, err := c.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	for i, n := range nodes {
+		m := members[i]
 		for _, cidr := range n.Spec.PodCIDRs {
 			_, dst, err := net.ParseCIDR(cidr)
 			if err != nil {

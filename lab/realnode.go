@@ -290,7 +290,7 @@ authorization:
   mode: Webhook
 clusterDNS: [%s]
 clusterDomain: cluster.local
-resolvConf: %s
+resolvConf: /etc/resolv.conf
 failSwapOn: false
 protectKernelDefaults: false
 evictionHard: {memory.available: "0%%", nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%"}
@@ -304,14 +304,21 @@ fileCheckFrequency: 20s
 volumeStatsAggPeriod: 0s
 localStorageCapacityIsolation: false
 `, kubeletCgroupRoot(node.Name), containerdSocket, node.IP,
-		filepath.Join(o.Dir, "pki", "ca.crt"), ClusterDNS, "/etc/resolv.conf")
+		filepath.Join(o.Dir, "pki", "ca.crt"), ClusterDNS)
 }
 
-// prepareRealNode writes a node's configuration files and directories.
-func prepareRealNode(o Options, n Member) error {
+// prepareNode makes a node's directories (the sources of its binds
+// among them) and configuration files.
+func prepareNode(o Options, n Member) error {
 	root := NodeRoot(o.Dir, n.Name)
-	for _, d := range []string{"var/lib/kubelet", "var/log/containers", "var/lib/containerd", "run/containerd", "run/runc", "var/log/pods", "etc/containerd", "etc/kubernetes", "opt/containerd"} {
+	for _, d := range []string{"etc/cni/net.d", "opt/cni/bin", "var/lib/weft", "var/lib/kubelet", "var/log/containers", "var/log/pods",
+		"var/lib/containerd", "run/containerd", "run/runc", "etc/containerd", "etc/kubernetes", "opt/containerd"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if o.ProxyMode == "ebpf" {
+		if err := os.MkdirAll(filepath.Join(bpffsDir(o.Dir), n.Name), 0o700); err != nil {
 			return err
 		}
 	}
@@ -539,9 +546,15 @@ func (o Options) nodeNSDaemon(n Member, weftctl string) Proc {
 	}}
 }
 
+// enterNode is the command prefix that runs a program in the mount
+// namespace of a node, whose holder process is holder.
+func enterNode(holder int) []string {
+	return []string{"nsenter", "--mount=/proc/" + strconv.Itoa(holder) + "/ns/mnt", "--"}
+}
+
 // inNodeMounts are the daemons that enter the node's mount namespace.
 func (o Options) inNodeMounts(n Member, holder int) []Proc {
-	enter := []string{"nsenter", "--mount=/proc/" + strconv.Itoa(holder) + "/ns/mnt", "--"}
+	enter := enterNode(holder)
 	root := NodeRoot(o.Dir, n.Name)
 	path := "PATH=" + nodeBin(o.BinDir) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	kubelet := []string{filepath.Join(o.BinDir, "kubelet"),
@@ -565,7 +578,7 @@ func (o Options) inNodeMounts(n Member, holder int) []Proc {
 func startRealNodes(ctx context.Context, o Options, nodes []Member) error {
 	weftctl := filepath.Join(o.BinDir, "weftctl")
 	for _, n := range nodes {
-		if err := prepareRealNode(o, n); err != nil {
+		if err := prepareNode(o, n); err != nil {
 			return err
 		}
 	}
@@ -663,8 +676,8 @@ func importImages(ctx context.Context, o Options, node string) error {
 // long for a socket address).
 func (o Options) ctr(ctx context.Context, node string, args ...string) *exec.Cmd {
 	holder, _ := alive(o.Dir, node+"-ns")
-	return exec.CommandContext(ctx, "nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(holder) + "/ns/mnt", "--",
-		filepath.Join(nodeBin(o.BinDir), "ctr"), "--address", containerdSocket, "-n", "k8s.io"}, args...)...)
+	argv := append(enterNode(holder), filepath.Join(nodeBin(o.BinDir), "ctr"), "--address", containerdSocket, "-n", "k8s.io")
+	return exec.CommandContext(ctx, argv[0], append(argv[1:], args...)...)
 }
 
 // PodNetNS is the path of a running pod's network namespace: that of a
@@ -675,18 +688,9 @@ func (st *State) PodNetNS(p *corev1.Pod) (string, error) {
 		return "", fmt.Errorf("pod %s/%s is not running on a node yet", p.Namespace, p.Name)
 	}
 	want := "/pod" + string(p.UID) + "/"
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return "", err
+	pid, ok := findProcess(func(_ int, cgroup string) bool { return strings.Contains(cgroup, want) })
+	if !ok {
+		return "", fmt.Errorf("pod %s/%s: no process of it on %s", p.Namespace, p.Name, p.Spec.NodeName)
 	}
-	for _, e := range procs {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cgroup")
-		if err == nil && strings.Contains(string(b), want) {
-			return "/proc/" + e.Name() + "/ns/net", nil
-		}
-	}
-	return "", fmt.Errorf("pod %s/%s: no process of it on %s", p.Namespace, p.Name, p.Spec.NodeName)
+	return fmt.Sprintf("/proc/%d/ns/net", pid), nil
 }

@@ -38,7 +38,7 @@ func HTTPGet(ctx context.Context, url string) (Reply, error) { return HTTPGetVia
 func HTTPGetVia(ctx context.Context, dial func(ctx context.Context, network, addr string) (net.Conn, error), url string) (Reply, error) {
 	client := httpClient
 	if dial != nil {
-		client = &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dial, DisableKeepAlives: true}}
+		client = dialClient(dial)
 	}
 	ctx, cancel := withDeadline(ctx)
 	defer cancel()
@@ -145,7 +145,7 @@ func ctxErr(ctx context.Context, err error) error {
 // SetReadyVia turns the readiness of the workload at base (http://ADDR)
 // that GET /ready reports, dialing with dial.
 func SetReadyVia(ctx context.Context, dial func(ctx context.Context, network, addr string) (net.Conn, error), base string, ready bool) error {
-	client := &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dial, DisableKeepAlives: true}}
+	client := dialClient(dial)
 	ctx, cancel := withDeadline(ctx)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, base+"/ready", strings.NewReader(strconv.FormatBool(ready)))
@@ -162,4 +162,10 @@ func SetReadyVia(ctx context.Context, dial func(ctx context.Context, network, ad
 		return fmt.Errorf("workload: PUT %s/ready: %s: %q", base, resp.Status, body)
 	}
 	return nil
+}
+
+// dialClient is an HTTP client that connects through dial, a fresh
+// connection per request.
+func dialClient(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Client {
+	return &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dial, DisableKeepAlives: true}}
 }

@@ -486,3 +486,36 @@ func TestClientErrors(t *testing.T) {
 		t.Errorf("HTTPGet of a 404 = %v", err)
 	}
 }
+
+// TestReadiness: GET /ready answers 200 until SetReadyVia turns it to 503,
+// and back; a body other than true or false is refused and changes nothing.
+func TestReadiness(t *testing.T) {
+	w := start(t, Options{HTTPAddrs: []string{loopbacks[0].listen}})
+	base := "http://" + w.addr(t, KindHTTP, 0)
+	var d net.Dialer
+	check := func(want int) {
+		t.Helper()
+		if code, body := get(t, base+"/ready"); code != want {
+			t.Fatalf("GET /ready = %d %q, want %d", code, body, want)
+		}
+	}
+	check(200)
+	if err := SetReadyVia(testCtx(t), d.DialContext, base, false); err != nil {
+		t.Fatal(err)
+	}
+	check(503)
+	req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, base+"/ready", strings.NewReader("maybe"))
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("PUT /ready maybe = %d, want 400", resp.StatusCode)
+	}
+	check(503)
+	if err := SetReadyVia(testCtx(t), d.DialContext, base, true); err != nil {
+		t.Fatal(err)
+	}
+	check(200)
+}

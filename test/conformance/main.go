@@ -28,8 +28,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
 )
@@ -242,11 +240,7 @@ func runMode(ctx context.Context, c config, mode string, keep bool) (res Result)
 		}
 	}()
 
-	kubeconfig := filepath.Join(dir, "underlay.kubeconfig")
-	if err := underlayKubeconfig(lab.AdminKubeconfig(dir), kubeconfig); err != nil {
-		res.Err = err
-		return res
-	}
+	kubeconfig := lab.UnderlayKubeconfig(dir)
 	fmt.Printf("==> %s: ginkgo, log in %s\n", mode, filepath.Join(out, "ginkgo.log"))
 	runErr := runGinkgo(ctx, c, mode, kubeconfig, out)
 
@@ -323,20 +317,6 @@ func runGinkgo(ctx context.Context, c config, mode, kubeconfig, out string) erro
 		return err
 	}
 	return cmd.Wait()
-}
-
-// underlayKubeconfig copies the admin kubeconfig (whose server is the
-// forwarder on the host's loopback) with the server on the underlay,
-// where processes in lab namespaces reach it.
-func underlayKubeconfig(admin, path string) error {
-	cfg, err := clientcmd.LoadFromFile(admin)
-	if err != nil {
-		return err
-	}
-	for _, cl := range cfg.Clusters {
-		cl.Server = fmt.Sprintf("https://%s:%d", lab.ControlIP, lab.APIServerPort)
-	}
-	return clientcmd.WriteToFile(*cfg, path)
 }
 
 func parseFile(path string) (Result, error) {

@@ -326,12 +326,15 @@ func kubeletRestart(t *testing.T, c *cluster, node string) {
 	if !ok {
 		t.Fatalf("%s is not running", daemon)
 	}
-	proc.Stop([]int{pid}, 0)
-	for _, p := range lab.Procs(c.dir) {
-		if p.Name == daemon && p.Running {
-			t.Errorf("lab status reports the killed %s running", daemon)
+	proc.Stop([]int{pid}, 0) // SIGKILL, without waiting for the exit
+	testutil.Eventually(t, 10*time.Second, "lab status reporting the killed "+daemon+" dead", func() bool {
+		for _, p := range lab.Procs(c.dir) {
+			if p.Name == daemon {
+				return !p.Running
+			}
 		}
-	}
+		return false
+	})
 	ready := func(want corev1.ConditionStatus) func() bool {
 		return func() bool {
 			n, err := c.client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
