@@ -132,6 +132,11 @@ func NodeNamespace(o Options, node string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
 		return fmt.Errorf("making / shared: %w", err)
 	}
+	// The node's host name (its own UTS namespace), which its hostNetwork
+	// pods share, as on a real machine.
+	if err := unix.Sethostname([]byte(node)); err != nil {
+		return fmt.Errorf("the node's host name: %w", err)
+	}
 	// The node's own /sys (its network devices) and cgroup hierarchies,
 	// whatever mount namespace the lab was started from.
 	if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
@@ -541,15 +546,16 @@ func removeCreatedPaths(dir string) {
 // nodeNSDaemon is the holder of a node's mount namespace.
 func (o Options) nodeNSDaemon(n Member, weftctl string) Proc {
 	return Proc{Name: n.Name + "-ns", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Args: []string{
-		"unshare", "--mount", "--propagation", "slave", "--",
+		"unshare", "--mount", "--uts", "--propagation", "slave", "--",
 		weftctl, "lab", "node-ns", "--dir", o.Dir, "--node", n.Name,
 	}}
 }
 
-// enterNode is the command prefix that runs a program in the mount
-// namespace of a node, whose holder process is holder.
+// enterNode is the command prefix that runs a program in the mount and
+// UTS namespaces of a node, whose holder process is holder.
 func enterNode(holder int) []string {
-	return []string{"nsenter", "--mount=/proc/" + strconv.Itoa(holder) + "/ns/mnt", "--"}
+	ns := "/proc/" + strconv.Itoa(holder) + "/ns/"
+	return []string{"nsenter", "--mount=" + ns + "mnt", "--uts=" + ns + "uts", "--"}
 }
 
 // inNodeMounts are the daemons that enter the node's mount namespace.
