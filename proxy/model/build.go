@@ -90,7 +90,8 @@ func (x *index) setSlice(k key, es *discoveryv1.EndpointSlice) []key {
 		delete(x.filed, k)
 		touched = append(touched, from)
 	}
-	if es == nil {
+	// A slice labelled away from weft is as if it were not there.
+	if es == nil || notProxied(es.Labels) {
 		return touched
 	}
 	to := keyOf(k.Namespace, sliceService(es))

@@ -26,13 +26,21 @@ func (r *reporter) add(field string, err error) {
 	r.errs = append(r.errs, objErr(r.kind, r.key, field, err))
 }
 
-// Labels that take a Service away from weft, as from kube-proxy: another
-// proxy serves it (its name is the value), or it is to be treated as
-// headless whatever its ClusterIP.
+// Labels that take a Service or an EndpointSlice away from weft, as from
+// kube-proxy (which lists neither kind with them): another proxy serves
+// it (its name is the value), or it is to be treated as headless whatever
+// its Service's ClusterIP.
 const (
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 	LabelHeadless         = "service.kubernetes.io/headless"
 )
+
+// notProxied reports whether an object's labels take it away from weft.
+func notProxied(labels map[string]string) bool {
+	_, other := labels[LabelServiceProxyName]
+	_, headless := labels[LabelHeadless]
+	return other || headless
+}
 
 // servicePorts builds the ports of one Service. A Service that is not
 // proxied (ExternalName, headless, no ClusterIP, labelled for another
@@ -46,10 +54,7 @@ func servicePorts(svc *corev1.Service) ([]*ServicePort, []ObjectError) {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return nil, nil
 	}
-	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
-		return nil, nil
-	}
-	if _, ok := svc.Labels[LabelHeadless]; ok {
+	if notProxied(svc.Labels) {
 		return nil, nil
 	}
 	cips := clusterIPs(svc, r)

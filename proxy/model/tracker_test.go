@@ -340,3 +340,40 @@ func TestTrackerBigSnapshot(t *testing.T) {
 	ss = slices.Delete(ss, 2, 3)
 	expect(t, snap(t, tr, ss, es), "default/s1:http/TCP", "default/s2:http/TCP")
 }
+
+// TestTrackerNotProxiedSlice: a slice labelled headless (or for another
+// proxy) is as if it were not there, as kube-proxy never lists it; the
+// label removed, its endpoints come back.
+func TestTrackerNotProxiedSlice(t *testing.T) {
+	for _, label := range []string{LabelHeadless, LabelServiceProxyName} {
+		t.Run(label, func(t *testing.T) {
+			tr := NewTracker()
+			a := svc("default", "a")
+			es := slice("default", "s", "a", v4, eports(eport("http", 8080)), ep("10.244.0.1"))
+			tr.OnService(nil, a)
+			tr.OnEndpointSlice(nil, es)
+			expect(t, snap(t, tr, svcs(a), slices1(es)), "default/a:http/TCP")
+			endpoints := func() int {
+				st, _ := tr.Snapshot()
+				return len(st.Endpoints[spn("default", "a", "http", TCP)])
+			}
+			if n := endpoints(); n != 1 {
+				t.Fatalf("%d endpoints before the label, want 1", n)
+			}
+
+			labelled := es.DeepCopy()
+			labelled.Labels[label] = "other"
+			tr.OnEndpointSlice(es, labelled)
+			expect(t, snap(t, tr, svcs(a), slices1(labelled)), "default/a:http/TCP")
+			if n := endpoints(); n != 0 {
+				t.Errorf("%d endpoints from a slice labelled %s, want 0", n, label)
+			}
+
+			tr.OnEndpointSlice(labelled, es)
+			expect(t, snap(t, tr, svcs(a), slices1(es)), "default/a:http/TCP")
+			if n := endpoints(); n != 1 {
+				t.Errorf("%d endpoints once the label is gone, want 1", n)
+			}
+		})
+	}
+}
