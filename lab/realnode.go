@@ -23,11 +23,11 @@ import (
 //
 //   - <node>-ns holds the node's mount namespace (`unshare --mount`, a
 //     slave of the machine's, shared inside so that the kubelet's volume
-//     mounts reach runc): it mounts the node's /sys and cgroup hierarchies
+//     mounts reach runc) and UTS namespace (the node's host name): it mounts the node's /sys and cgroup hierarchies
 //     (mountCgroups), binds the node's own directories over the machine
 //     paths a node has its own of (nodeBinds) and waits;
-//   - <node>-containerd and <node>-kubelet enter that mount namespace
-//     (`nsenter --mount`), so both see the same files, mounts and pod
+//   - <node>-containerd and <node>-kubelet enter those namespaces
+//     (`nsenter`, enterNode), so both see the same files, mounts and pod
 //     network namespaces, with every path of their own under the node's
 //     directory (NodeRoot).
 //
