@@ -9,31 +9,64 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// flushUDP deletes the UDP conntrack entries whose replies come from ip
-// (a removed endpoint), or, with orig set, whose original destination is
-// ip:port (a service VIP that had no endpoints). Without it, a UDP client
-// that keeps sending keeps hitting the old entry (and the dead backend).
-func flushUDP(ip netip.Addr, port uint16, orig bool) error {
-	family := netlink.InetFamily(unix.AF_INET)
-	if ip.Is6() {
-		family = unix.AF_INET6
+// StaleUDP names the UDP conntrack entries that would keep a client on a
+// path the proxy no longer programs. Without their removal, a UDP client
+// that keeps sending (within the entry's timeout) keeps hitting the old
+// entry: a removed endpoint, an endpoint's old target port, or the drop
+// recorded while a Service had no endpoints.
+type StaleUDP struct {
+	// Endpoint: the entries whose replies come from this address and port
+	// (an endpoint no longer used, or no longer at that port).
+	Endpoint netip.AddrPort
+	// Dest: the entries whose original destination is this address and
+	// port (a Service address that had no endpoints); with an invalid
+	// address, every entry to the port (a node port, on any address).
+	Dest netip.AddrPort
+}
+
+func (s StaleUDP) String() string {
+	switch {
+	case s.Endpoint.IsValid():
+		return "replies from " + s.Endpoint.String()
+	case s.Dest.Addr().IsValid():
+		return "to " + s.Dest.String()
 	}
-	f := &netlink.ConntrackFilter{}
-	if err := f.AddProtocol(unix.IPPROTO_UDP); err != nil {
-		return err
+	return fmt.Sprintf("to port %d", s.Dest.Port())
+}
+
+// MatchConntrackFlow implements netlink.CustomConntrackFilter.
+func (s StaleUDP) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
+	if f.Forward.Protocol != unix.IPPROTO_UDP {
+		return false
 	}
-	if orig {
-		if err := f.AddIP(netlink.ConntrackOrigDstIP, net.IP(ip.AsSlice())); err != nil {
-			return err
+	if s.Endpoint.IsValid() {
+		return f.Reverse.SrcPort == s.Endpoint.Port() && sameAddr(f.Reverse.SrcIP, s.Endpoint.Addr())
+	}
+	return f.Forward.DstPort == s.Dest.Port() && (!s.Dest.Addr().IsValid() || sameAddr(f.Forward.DstIP, s.Dest.Addr()))
+}
+
+func sameAddr(ip net.IP, a netip.Addr) bool {
+	b, ok := netip.AddrFromSlice(ip)
+	return ok && b.Unmap() == a.Unmap()
+}
+
+// flushUDP deletes the kernel's conntrack entries s names.
+func flushUDP(s StaleUDP) error {
+	families := []netlink.InetFamily{unix.AF_INET, unix.AF_INET6}
+	switch a := s.Endpoint.Addr(); {
+	case s.Endpoint.IsValid() && a.Is4():
+		families = families[:1]
+	case s.Endpoint.IsValid():
+		families = families[1:]
+	case s.Dest.Addr().Is4():
+		families = families[:1]
+	case s.Dest.Addr().IsValid():
+		families = families[1:]
+	}
+	for _, fam := range families {
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, s); err != nil {
+			return fmt.Errorf("deleting UDP conntrack entries %s: %w", s, err)
 		}
-		if err := f.AddPort(netlink.ConntrackOrigDstPort, port); err != nil {
-			return err
-		}
-	} else if err := f.AddIP(netlink.ConntrackReplySrcIP, net.IP(ip.AsSlice())); err != nil {
-		return err
-	}
-	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, f); err != nil {
-		return fmt.Errorf("deleting UDP conntrack entries for %s: %w", ip, err)
 	}
 	return nil
 }

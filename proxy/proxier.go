@@ -10,6 +10,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,7 +40,7 @@ type Options struct {
 	// Health serves health-check node ports; nil disables them.
 	Health *healthcheck.Server
 	// FlushUDP deletes stale UDP conntrack entries; nil disables it.
-	FlushUDP func(ip netip.Addr, port uint16, orig bool) error
+	FlushUDP func(StaleUDP) error
 }
 
 // Proxier ties the tracker, the runner and a backend together.
@@ -206,7 +207,10 @@ func (p *Proxier) sync(_ context.Context, full bool) error {
 }
 
 // syncHealth serves a health-check port for each Service with
-// externalTrafficPolicy Local, counting this node's usable endpoints.
+// externalTrafficPolicy Local, counting this node's Ready endpoints. Only
+// Ready ones count, as in kube-proxy: while a node's endpoints are all
+// terminating, its connections still drain to them (Select falls back to
+// them) but the check fails, so a load balancer sends new ones elsewhere.
 func (p *Proxier) syncHealth(st model.State) {
 	if p.opts.Health == nil {
 		return
@@ -214,7 +218,12 @@ func (p *Proxier) syncHealth(st model.State) {
 	want := map[uint16]healthcheck.Service{}
 	for name := range p.healthPorts {
 		sp := st.Ports[name]
-		local := len(model.Select(sp, st.Endpoints[name], p.opts.NodeName, p.opts.Zone).Local)
+		local := 0
+		for _, e := range st.Endpoints[name] {
+			if e.Ready && e.NodeName != "" && e.NodeName == p.opts.NodeName {
+				local++
+			}
+		}
 		cur := want[sp.HealthCheckNodePort]
 		cur.Namespace, cur.Name = name.Namespace, name.Name
 		cur.LocalEndpoints = max(cur.LocalEndpoints, local)
@@ -226,9 +235,10 @@ func (p *Proxier) syncHealth(st model.State) {
 }
 
 // flushConntrack removes UDP conntrack entries that would keep clients on
-// a removed endpoint, or on a VIP that used to have no endpoints; changed
-// are the ports changed since the previous successful sync, with what it
-// programmed.
+// an endpoint no longer used (gone, unusable, or moved to another target
+// port), or on a Service address or node port that used to have no
+// endpoints; changed are the ports changed since the previous successful
+// sync, with what it programmed.
 func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortName]model.Prior) {
 	if p.opts.FlushUDP == nil {
 		return
@@ -239,23 +249,37 @@ func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortNa
 		if (sp != nil && sp.Protocol != model.UDP) || (sp == nil && (old == nil || old.Protocol != model.UDP)) {
 			continue
 		}
-		now := map[netip.Addr]bool{}
-		for _, e := range st.Endpoints[name] {
-			now[e.IP] = true
-		}
-		for _, e := range prev.Endpoints {
-			if !now[e.IP] {
-				if err := p.opts.FlushUDP(e.IP, e.Port, false); err != nil {
-					p.opts.Log.Warn("conntrack cleanup", "service", name.String(), "endpoint", e.String(), "err", err)
-				}
+		var stale []StaleUDP
+		now := usableEndpoints(st.Endpoints[name])
+		had := usableEndpoints(prev.Endpoints)
+		for ep := range had {
+			if !now[ep] {
+				stale = append(stale, StaleUDP{Endpoint: ep})
 			}
 		}
-		if sp != nil && len(prev.Endpoints) == 0 && len(st.Endpoints[name]) > 0 {
-			for _, vip := range append(append([]netip.Addr{}, sp.ClusterIPs...), sp.ExternalIPs...) {
-				if err := p.opts.FlushUDP(vip, sp.Port, true); err != nil {
-					p.opts.Log.Warn("conntrack cleanup", "service", name.String(), "vip", vip.String(), "err", err)
-				}
+		if sp != nil && len(had) == 0 && len(now) > 0 {
+			for _, vip := range slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs) {
+				stale = append(stale, StaleUDP{Dest: netip.AddrPortFrom(vip, sp.Port)})
+			}
+			if sp.NodePort != 0 {
+				stale = append(stale, StaleUDP{Dest: netip.AddrPortFrom(netip.Addr{}, sp.NodePort)})
+			}
+		}
+		for _, s := range stale {
+			if err := p.opts.FlushUDP(s); err != nil {
+				p.opts.Log.Warn("conntrack cleanup", "service", name.String(), "err", err)
 			}
 		}
 	}
+}
+
+// usableEndpoints is the set of addresses and ports traffic may go to.
+func usableEndpoints(eps []model.Endpoint) map[netip.AddrPort]bool {
+	set := make(map[netip.AddrPort]bool, len(eps))
+	for _, e := range eps {
+		if model.Usable(e) {
+			set[netip.AddrPortFrom(e.IP, e.Port)] = true
+		}
+	}
+	return set
 }

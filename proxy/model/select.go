@@ -21,7 +21,7 @@ import "slices"
 func Select(sp *ServicePort, eps []Endpoint, node, zone string) Selected {
 	var s Selected
 	for _, e := range eps {
-		if usable(e) {
+		if Usable(e) {
 			s.HasAny = true
 			break
 		}
@@ -49,7 +49,9 @@ func Select(sp *ServicePort, eps []Endpoint, node, zone string) Selected {
 	return s
 }
 
-func usable(e Endpoint) bool { return e.Ready || servingTerminating(e) }
+// Usable reports whether traffic may go to e: it is Ready, or Serving
+// while Terminating (the fallback when no endpoint is Ready).
+func Usable(e Endpoint) bool { return e.Ready || servingTerminating(e) }
 
 func servingTerminating(e Endpoint) bool { return e.Serving && e.Terminating }
 

@@ -316,17 +316,69 @@ func runProxier(t *testing.T, n *Node) *proxy.Proxier {
 	return p
 }
 
-// udpBackendReplaced: a UDP client that keeps its connected socket reaches
-// the new backend once the old one is removed; with a backend that
-// terminates such sockets, the socket fails and a new one reaches it.
+// udpBackendReplaced: a UDP client that keeps its connected socket to a
+// ClusterIP reaches the new backend once the old one is removed; with a
+// backend that terminates such sockets, the socket fails and a new one
+// reaches it.
 func udpBackendReplaced(t *testing.T, b Backend) {
-	b.Need(t, UDPSocketMove)
 	n := NewNode(t, b, "a", "b", "c")
+	old := UDPSlice("dns", n.Pods["a"].IP.String())
+	udpMove(t, b, n, "10.96.0.53:81", nil, old, UDPSlice("dns", n.Pods["b"].IP.String()), "a", "b")
+}
+
+// udpTargetPortChanged: the same for a NodePort whose endpoint stays but
+// moves to another target port (the upstream suite's "cleanup conntrack
+// entries when UDP service target port changes"): a kept UDP flow must
+// reach the new port, not stay on the old one.
+func udpTargetPortChanged(t *testing.T, b Backend) {
+	n := NewNode(t, b, "a", "c")
+	// A second UDP server in pod a, on port 82, answering as "a:82".
+	if err := netnsutil.Do(n.Pods["a"].NS, func() error {
+		conn, err := net.ListenPacket("udp", ":82")
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { conn.Close() })
+		go func() {
+			buf := make([]byte, 512)
+			for {
+				_, from, err := conn.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = conn.WriteTo([]byte("a:82\n"), from)
+			}
+		}()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	old := UDPSlice("dns", n.Pods["a"].IP.String())
+	moved := UDPSlice("dns", n.Pods["a"].IP.String())
+	port := int32(82)
+	moved.Ports[0].Port = &port
+	nodePort := func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30082
+	}
+	udpMove(t, b, n, NodeIP+":30082", nodePort, old, moved, "a", "a:82")
+}
+
+// udpMove runs the proxier with the UDP Service dns (port 81, changed by
+// mutate) and its slice old; a connected UDP socket from pod c to addr is
+// answered by first; once the slice is replaced by next, it is answered by
+// then (or, with a backend that terminates such sockets, it fails and a new
+// socket is answered by then).
+func udpMove(t *testing.T, b Backend, n *Node, addr string, mutate func(*corev1.Service), old, next *discoveryv1.EndpointSlice, first, then string) {
+	t.Helper()
+	b.Need(t, UDPSocketMove)
 	p := runProxier(t, n)
 	svc := Service("dns", "10.96.0.53", func(s *corev1.Service) {
 		s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 81, Protocol: corev1.ProtocolUDP}}
+		if mutate != nil {
+			mutate(s)
+		}
 	})
-	old := UDPSlice("dns", n.Pods["a"].IP.String())
 	p.OnService(nil, svc)
 	p.OnEndpointSlice(nil, old)
 	p.OnSynced()
@@ -337,7 +389,7 @@ func udpBackendReplaced(t *testing.T, b Backend) {
 	var conn net.Conn
 	dial := func() {
 		t.Helper()
-		if err := netnsutil.Do(n.Pods["c"].NS, func() (err error) { conn, err = net.Dial("udp", "10.96.0.53:81"); return err }); err != nil {
+		if err := netnsutil.Do(n.Pods["c"].NS, func() (err error) { conn, err = net.Dial("udp", addr); return err }); err != nil {
 			t.Fatal(err)
 		}
 		c := conn
@@ -357,22 +409,23 @@ func udpBackendReplaced(t *testing.T, b Backend) {
 		}
 		return strings.Fields(string(buf[:k]))[0], nil
 	}
-	answeredBy := func(pod string) func() bool {
-		return func() bool { who, _ := ask(); return who == pod }
+	answeredBy := func(who string) func() bool {
+		return func() bool { got, _ := ask(); return got == who }
 	}
-	testutil.Eventually(t, 10*time.Second, "the first UDP answer from a", answeredBy("a"))
-	p.OnEndpointSlice(old, UDPSlice("dns", n.Pods["b"].IP.String()))
+	testutil.Eventually(t, 10*time.Second, "the first UDP answer from "+first, answeredBy(first))
+	p.OnEndpointSlice(old, next)
 	if !b.TerminatesUDP {
-		testutil.Eventually(t, 10*time.Second, "the same UDP socket answered by b", answeredBy("b"))
+		testutil.Eventually(t, 10*time.Second, "the same UDP socket answered by "+then, answeredBy(then))
 		return
 	}
-	// a still runs: a socket left connected to it would go on being answered.
+	// The old server still runs: a socket left connected to it would go on
+	// being answered.
 	testutil.Eventually(t, 10*time.Second, "the connected UDP socket terminated", func() bool {
 		_, err := ask()
 		return errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EDESTADDRREQ)
 	})
 	dial()
-	testutil.Eventually(t, 10*time.Second, "a new UDP socket answered by b", answeredBy("b"))
+	testutil.Eventually(t, 10*time.Second, "a new UDP socket answered by "+then, answeredBy(then))
 }
 
 // healthCheckNodePort: 200 with the local endpoint count, 503 without.
@@ -404,6 +457,16 @@ func healthCheckNodePort(t *testing.T, b Backend) {
 		return resp.StatusCode, body.LocalEndpoints
 	}
 	testutil.Eventually(t, 10*time.Second, "health check 200 with 1 local endpoint", func() bool { code, k := health(); return code == 200 && k == 1 })
+	// Only terminating local endpoints: they still drain the node's
+	// connections, but the check fails so that a load balancer sends new
+	// ones elsewhere.
+	terminating := Slice("local", n.Local("a"))
+	no, yes := false, true
+	terminating.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}
+	p.OnEndpointSlice(withLocal, terminating)
+	testutil.Eventually(t, 10*time.Second, "health check 503 with only a terminating local endpoint", func() bool { code, k := health(); return code == 503 && k == 0 })
+	p.OnEndpointSlice(terminating, withLocal)
+	testutil.Eventually(t, 10*time.Second, "health check 200 again", func() bool { code, k := health(); return code == 200 && k == 1 })
 	p.OnEndpointSlice(withLocal, Slice("local", Endpoint{RemoteEP, OtherNode}))
 	testutil.Eventually(t, 10*time.Second, "health check 503 with 0 local endpoints", func() bool { code, k := health(); return code == 503 && k == 0 })
 }

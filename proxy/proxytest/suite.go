@@ -77,5 +77,6 @@ var scenarios = []scenario{
 	{"DualStack", dualStack},
 	{"RestartUnderOpenConnection", restart},
 	{"UDPBackendReplaced", udpBackendReplaced},
+	{"UDPTargetPortChanged", udpTargetPortChanged},
 	{"HealthCheckNodePort", healthCheckNodePort},
 }
