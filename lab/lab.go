@@ -173,7 +173,7 @@ func Up(ctx context.Context, o Options) (err error) {
 	if err := startRealNodes(waitCtx, o, NodeMembers(members)); err != nil {
 		return err
 	}
-	daemons := []Proc{extWorkload(o)}
+	daemons := []Proc{extWorkload(o), lbDaemon(o)}
 	if o.Racks > 1 && o.Routing == "bgp" {
 		tor, err := torDaemon(o.Dir, members, clusterASN)
 		if err != nil {
@@ -182,7 +182,7 @@ func Up(ctx context.Context, o Options) (err error) {
 		step("ToR: BIRD, AS %d, a BGP session with each node", ToRASN)
 		daemons = append(daemons, tor)
 	}
-	step("external workload")
+	step("external workload and load balancer (%s)", LBPool)
 	for _, p := range daemons {
 		if _, err := start(o.Dir, p); err != nil {
 			return err
@@ -260,7 +260,7 @@ func Restart(dir, name string) error {
 		}
 		return fmt.Errorf("the kubelet of %s did not restart weft-agent within 60s", node)
 	}
-	daemons := append(controlPlane(st.Options), extWorkload(st.Options))
+	daemons := append(controlPlane(st.Options), extWorkload(st.Options), lbDaemon(st.Options))
 	for _, n := range NodeMembers(st.Members) {
 		if holder, ok := alive(dir, n.Name+"-ns"); ok {
 			daemons = append(daemons, st.inNodeMounts(n, holder)...)

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -139,6 +141,24 @@ func memberOrPodNS(dir string, st *lab.State, name string) (string, error) {
 		return "", fmt.Errorf("%q is neither a lab member nor a pod: %w", name, err)
 	}
 	return st.PodNetNS(p)
+}
+
+// labLB is the lab's load balancer daemon (started by lab up, see lab.RunLB).
+func labLB(args []string) error {
+	fs := flag.NewFlagSet("weftctl lab lb", flag.ContinueOnError)
+	kubeconfig := fs.String("kubeconfig", "", "the lab's admin kubeconfig")
+	pool := fs.String("pool", lab.LBPool.String(), "load-balancer addresses")
+	route := fs.Bool("route", false, "route the addresses to the nodes from this process's network namespace")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	p, err := netip.ParsePrefix(*pool)
+	if err != nil {
+		return fmt.Errorf("--pool: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return lab.RunLB(ctx, lab.LBOptions{Kubeconfig: *kubeconfig, Pool: p, Route: *route, Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 }
 
 // labForward is the lab's API forwarder daemon (started by lab up).

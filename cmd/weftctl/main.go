@@ -54,7 +54,7 @@ func main() {
 		os.Exit(2)
 	}
 	cmds := map[string]func([]string) error{
-		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward, "node-ns": labNodeNS,
+		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec, "forward": labForward, "node-ns": labNodeNS, "lb": labLB,
 	}
 	run, ok := cmds[os.Args[2]]
 	if !ok {

@@ -119,7 +119,6 @@ func TestBGPRacks(t *testing.T) {
 func lbLocal(t *testing.T, c *cluster) {
 	t.Helper()
 	ctx := context.Background()
-	const lbIP = "172.18.200.10"
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "lb-node2", Labels: map[string]string{"app": "lb"}},
 		Spec: corev1.PodSpec{NodeName: "node2", Containers: []corev1.Container{{Name: "w", Image: lab.WorkloadImage}}}}
 	if _, err := c.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
@@ -130,15 +129,23 @@ func lbLocal(t *testing.T, c *cluster) {
 		Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
 		Selector: map[string]string{"app": "lb"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}},
 	}}
-	svc, err := c.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := c.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The lab has no cloud controller: the test plays it.
-	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
-	if _, err := c.client.CoreV1().Services("default").UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	// The lab's load balancer allocates the address; the nodes announce
+	// it.
+	var lbIP string
+	waitUntil(t, "the Service's load-balancer address", func() error {
+		s, err := c.client.CoreV1().Services("default").Get(ctx, svc.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(s.Status.LoadBalancer.Ingress) != 1 {
+			return fmt.Errorf("status %+v", s.Status.LoadBalancer)
+		}
+		lbIP = s.Status.LoadBalancer.Ingress[0].IP
+		return nil
+	})
 	c.waitEndpoints(t, "lb", 1)
 	waitUntil(t, "the ToR's route to the eTP=Local LB IP", func() error {
 		if err := torRoute(ctx, c, lbIP+"/32", c.node("node2").IP.String()); err != nil {

@@ -2,15 +2,19 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -101,6 +105,7 @@ func TestServices(t *testing.T) {
 				}
 			}
 			services(t, c)
+			loadBalancer(t, c)
 			c.mustCheck(t)
 			if mode == lab.ProxyModes[0] {
 				extendedResources(t, c) // the kubelet's part, the same in every mode
@@ -254,4 +259,104 @@ func crashedLabCgroup(t *testing.T, node string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	return cmd
+}
+
+// loadBalancer: the lab's load balancer gives a LoadBalancer Service an
+// address of its pool with the cleanup finalizer, and the external host
+// reaches it through the nodes its checks pass: with
+// externalTrafficPolicy Local only the node with the endpoint (the
+// client's address kept), with Cluster every node. Deleting the Service
+// removes the route and the finalizer.
+func loadBalancer(t *testing.T, c *cluster) {
+	ctx := context.Background()
+	c.pod(t, "lb-node2", "node2", map[string]string{"app": "lb"})
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "lb"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+		Selector: map[string]string{"app": "lb"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}},
+	}}
+	svc, err := c.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ip netip.Addr
+	waitUntil(t, "the Service's load-balancer address", func() error {
+		s, err := c.client.CoreV1().Services("default").Get(ctx, "lb", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(s.Status.LoadBalancer.Ingress) != 1 || !slices.Contains(s.Finalizers, lab.LBFinalizer) {
+			return fmt.Errorf("status %+v, finalizers %v", s.Status.LoadBalancer, s.Finalizers)
+		}
+		ip, err = netip.ParseAddr(s.Status.LoadBalancer.Ingress[0].IP)
+		if err == nil && !lab.LBPool.Contains(ip) {
+			err = fmt.Errorf("%s is not in the lab's pool %s", ip, lab.LBPool)
+		}
+		return err
+	})
+	ext := c.node("ext")
+	extRoute := func(want ...string) func() error {
+		return func() error {
+			var hops []string
+			err := netnsutil.Do(ext.NSPath(), func() error {
+				dst := &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
+				list, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+				for _, r := range list {
+					if r.Type == unix.RTN_UNREACHABLE {
+						hops = append(hops, "unreachable")
+					}
+					if r.Gw != nil {
+						hops = append(hops, r.Gw.String())
+					}
+					for _, h := range r.MultiPath {
+						hops = append(hops, h.Gw.String())
+					}
+				}
+				return err
+			})
+			slices.Sort(hops)
+			if err == nil && !slices.Equal(hops, want) {
+				err = fmt.Errorf("the external host routes %s via %v, want %v", ip, hops, want)
+			}
+			return err
+		}
+	}
+	waitUntil(t, "the route to the eTP=Local address via the endpoint's node only", extRoute(c.node("node2").IP.String()))
+	waitUntil(t, "the external host to the eTP=Local address", func() error {
+		r, err := c.fetch(ext.NSPath(), "http://"+ip.String()+"/")
+		if err == nil && (r.Pod != "lb-node2" || r.Client != ext.IP.String()) {
+			return fmt.Errorf("%s saw %s, want lb-node2 seeing the external host's %s", r.Pod, r.Client, ext.IP)
+		}
+		return err
+	})
+	svc, err = c.client.CoreV1().Services("default").Get(ctx, "lb", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	if _, err := c.client.CoreV1().Services("default").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var all []string
+	for _, n := range lab.NodeMembers(c.state.Members) {
+		all = append(all, n.IP.String())
+	}
+	slices.Sort(all)
+	waitUntil(t, "the route to the eTP=Cluster address via every node", extRoute(all...))
+	for i := range 10 {
+		if _, err := c.fetch(ext.NSPath(), "http://"+ip.String()+"/"); err != nil {
+			t.Fatalf("eTP=Cluster, request %d: %v", i, err)
+		}
+	}
+	if err := c.client.CoreV1().Services("default").Delete(ctx, "lb", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the Service gone (its finalizer removed) and its route with it", func() error {
+		if _, err := c.client.CoreV1().Services("default").Get(ctx, "lb", metav1.GetOptions{}); err == nil {
+			return fmt.Errorf("the Service is still there")
+		}
+		return extRoute()()
+	})
+	if err := c.client.CoreV1().Pods("default").Delete(ctx, "lb-node2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
