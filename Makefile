@@ -77,6 +77,9 @@ lab-down:
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	@# go.mod and go.sum as go mod tidy leaves them: a module imported
+	@# directly is not marked indirect, and no sum is missing or stale.
+	@$(GO) mod tidy -diff >/dev/null || { $(GO) mod tidy -diff; echo "go.mod/go.sum not tidy: run go mod tidy"; exit 1; }
 
 # The BPF programs: bpf2go builds proxy/ebpf/bpf/*.c with Debian's clang
 # into Go and objects, which are committed (building weft needs no clang).
