@@ -13,11 +13,12 @@ import (
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/ipvs"
 	"github.com/weftnet/weft/proxy/nftables"
+	"github.com/weftnet/weft/proxy/userspace"
 )
 
 // Config is the proxy configuration shared by weft-proxy and weft-agent.
 type Config struct {
-	Mode              string // "iptables" (default), "nftables", "ipvs" or "ebpf"
+	Mode              string // "iptables" (default), "nftables", "ipvs", "ebpf" or "userspace"
 	NodeName, Zone    string
 	NodeIPs           []netip.Addr
 	NodePortAddresses []netip.Prefix // empty: every node IP
@@ -38,6 +39,10 @@ type Config struct {
 	// eBPF mode: the uplinks the per-packet programs run on (default: the
 	// links holding NodePortIPs).
 	BPFDevices []string
+	// Userspace mode: its own settings (Listen set: rootless); the node's
+	// (names, addresses, families, cluster CIDRs, iptables variant, log)
+	// come from the fields above.
+	Userspace userspace.Config
 }
 
 // NodePortIPs are the node addresses NodePorts answer on.
@@ -115,11 +120,20 @@ func Build(c Config) (*Proxier, Backend, error) {
 			return nil, nil, err
 		}
 		b = eb
+	case "userspace":
+		ub, err := newUserspace(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		b = ub
 	default:
-		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables, nftables, ipvs, ebpf)", c.Mode)
+		return nil, nil, fmt.Errorf("--mode: %q is not supported (iptables, nftables, ipvs, ebpf, userspace)", c.Mode)
 	}
 	o := Options{NodeName: c.NodeName, Zone: c.Zone, MinSyncPeriod: c.MinSyncPeriod, SyncPeriod: c.SyncPeriod,
 		Log: c.Log, FlushUDP: flushUDP}
+	if c.Mode == "userspace" && c.Userspace.Listen.IsValid() {
+		o.FlushUDP = nil // rootless: no conntrack entry is the proxy's
+	}
 	if c.HealthCheckPorts {
 		o.Health = healthcheck.NewServer()
 	}
@@ -144,6 +158,17 @@ func newEBPF(c Config) (*ebpf.Backend, error) {
 	}
 	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin,
 		Devices: c.BPFDevices, Families: c.Families(), MasqueradeBit: c.MasqueradeBit, IPTablesVariant: c.IPTablesVariant})
+}
+
+// newUserspace builds the userspace backend with the node's settings.
+func newUserspace(c Config) (*userspace.Backend, error) {
+	u := c.Userspace
+	u.NodeName, u.Zone, u.NodePortIPs, u.ClusterCIDRs = c.NodeName, c.Zone, c.NodePortIPs(), c.ClusterCIDRs
+	u.Families, u.IPTablesVariant = c.Families(), c.IPTablesVariant
+	if u.Log == nil {
+		u.Log = c.Log
+	}
+	return userspace.New(u)
 }
 
 // Prepare starts, in the background, the start-up work of a backend that

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -29,12 +30,16 @@ import (
 	"github.com/weftnet/weft/proxy/ipvs"
 	"github.com/weftnet/weft/proxy/model"
 	"github.com/weftnet/weft/proxy/nftables"
+	"github.com/weftnet/weft/proxy/userspace"
 )
 
 type flags struct {
 	kubeconfig, manifests, mode, node, zone, variant string
 	healthz, metrics, cgroupRoot, bpfPinPath         string
 	ipvsScheduler                                    string
+	usListen, usGlue, usPorts                        string
+	usMaxConns, usMaxUDP                             int
+	usUDPTimeout, usDialTimeout                      time.Duration
 	nodeIPs                                          cliflag.Addrs
 	clusterCIDRs, nodePortAddrs                      cliflag.Prefixes
 	bpfDevices                                       cliflag.Names
@@ -47,7 +52,7 @@ func main() {
 	var f flags
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig: watch Services and EndpointSlices with informers")
 	flag.StringVar(&f.manifests, "manifests", "", "directory of YAML/JSON Services and EndpointSlices, reloaded on change")
-	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables, nftables, ipvs or ebpf")
+	flag.StringVar(&f.mode, "mode", "iptables", "proxy backend: iptables, nftables, ipvs, ebpf or userspace")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (for Local traffic policies)")
 	flag.StringVar(&f.zone, "zone", "", "this node's zone (topology hints)")
 	flag.Var(&f.nodeIPs, "node-ip", "this node's address (repeatable); NodePorts answer on it")
@@ -60,6 +65,13 @@ func main() {
 	flag.StringVar(&f.cgroupRoot, "cgroup-root", "", "ebpf mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&f.bpfPinPath, "bpf-pin-path", ebpf.DefaultPinPath, "ebpf mode: bpffs directory for weft's pinned maps and links")
 	flag.Var(&f.bpfDevices, "bpf-devices", "ebpf mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
+	flag.StringVar(&f.usListen, "userspace-listen", "", "userspace mode, rootless: listen on this address (e.g. 127.0.0.1), one port per service port, no kernel rules; the map is /services on --metrics-addr")
+	flag.StringVar(&f.usGlue, "userspace-glue", "", "userspace mode without --userspace-listen: iptables or nftables REDIRECT glue (default: iptables when iptables-restore is installed, else nftables)")
+	flag.StringVar(&f.usPorts, "userspace-port-range", userspace.DefaultPortRange.String(), "userspace mode: the ports listeners take (after the service's own port, rootless)")
+	flag.IntVar(&f.usMaxConns, "userspace-max-connections", 4096, "userspace mode: concurrent proxied TCP connections at most (new ones are reset)")
+	flag.IntVar(&f.usMaxUDP, "userspace-max-udp-sessions", 4096, "userspace mode: concurrent UDP sessions at most (new clients' datagrams are dropped)")
+	flag.DurationVar(&f.usUDPTimeout, "userspace-udp-timeout", 10*time.Second, "userspace mode: a UDP session ends after this long without a datagram either way")
+	flag.DurationVar(&f.usDialTimeout, "userspace-dial-timeout", time.Second, "userspace mode: an endpoint that does not accept within this is skipped for the next")
 	flag.DurationVar(&f.minSync, "min-sync-period", 100*time.Millisecond, "minimum time between syncs")
 	flag.DurationVar(&f.sync, "sync-period", time.Hour, "period of full resyncs")
 	flag.StringVar(&f.healthz, "healthz-addr", ":10256", "address for /healthz and /livez (empty: off)")
@@ -76,17 +88,42 @@ func main() {
 	}
 }
 
-func parseConfig(f flags, log *slog.Logger) proxy.Config {
+func parseConfig(f flags, log *slog.Logger) (proxy.Config, error) {
 	c := proxy.Config{Mode: f.mode, NodeName: f.node, Zone: f.zone, MasqueradeAll: f.masqAll, MasqueradeBit: f.masqBit,
 		IPTablesVariant: f.variant, MinSyncPeriod: f.minSync, SyncPeriod: f.sync, HealthCheckPorts: !f.dryRun, Log: log}
 	c.NodeIPs, c.ClusterCIDRs, c.NodePortAddresses = f.nodeIPs, f.clusterCIDRs, f.nodePortAddrs
 	c.CgroupRoot, c.BPFPinPath, c.BPFDevices = f.cgroupRoot, f.bpfPinPath, f.bpfDevices
 	c.IPVSScheduler = f.ipvsScheduler
-	return c
+	if f.mode != "userspace" {
+		if f.usListen != "" || f.usGlue != "" {
+			return c, fmt.Errorf("--userspace-listen and --userspace-glue need --mode userspace")
+		}
+		return c, nil
+	}
+	u := userspace.Config{Glue: f.usGlue, MaxConnections: f.usMaxConns, MaxUDPSessions: f.usMaxUDP,
+		UDPIdleTimeout: f.usUDPTimeout, DialTimeout: f.usDialTimeout}
+	var err error
+	if u.PortRange, err = userspace.ParsePortRange(f.usPorts); err != nil {
+		return c, fmt.Errorf("--userspace-port-range: %w", err)
+	}
+	if f.usListen != "" {
+		if u.Listen, err = netip.ParseAddr(f.usListen); err != nil {
+			return c, fmt.Errorf("--userspace-listen: %w", err)
+		}
+		if f.usGlue != "" {
+			return c, errors.New("--userspace-glue: rootless mode (--userspace-listen) writes no kernel rules")
+		}
+		c.HealthCheckPorts = false // no node to answer for
+	}
+	c.Userspace = u
+	return c, nil
 }
 
 func run(f flags, log *slog.Logger) error {
-	cfg := parseConfig(f, log)
+	cfg, err := parseConfig(f, log)
+	if err != nil {
+		return err
+	}
 	if f.dump {
 		if f.mode != "ebpf" {
 			return fmt.Errorf("--dump: not supported by mode %s", f.mode)
@@ -134,7 +171,7 @@ func run(f flags, log *slog.Logger) error {
 			return err
 		}
 		p.Metrics().Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		if err := httpserve.Serve(ctx, "--metrics-addr", f.metrics, p.Metrics().Handler()); err != nil {
+		if err := httpserve.Serve(ctx, "--metrics-addr", f.metrics, metricsHandler(p, backend)); err != nil {
 			return err
 		}
 	}
@@ -184,6 +221,19 @@ func (d printer) Sync(st model.State, _ bool) error {
 }
 
 func (printer) Cleanup() error { return nil }
+
+// metricsHandler serves the metrics, and with the userspace backend its
+// service map on /services.
+func metricsHandler(p *proxy.Proxier, backend proxy.Backend) http.Handler {
+	us, ok := backend.(*userspace.Backend)
+	if !ok {
+		return p.Metrics().Handler()
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", p.Metrics().Handler())
+	mux.Handle("/services", us.ServicesHandler())
+	return mux
+}
 
 // healthHandler answers /healthz like kube-proxy (200 once rules are
 // synced, with the last update time) and /livez (the process is alive).

@@ -22,6 +22,13 @@ const (
 	// removed (moved to a new backend, or terminated: see
 	// Backend.TerminatesUDP).
 	UDPSocketMove Feature = "connected UDP sockets moved off a removed backend"
+	// ClientAddress is the endpoint seeing the client's own address (a
+	// pod's from a pod; an outside client's with externalTrafficPolicy
+	// Local). Scenarios check everything else without it.
+	ClientAddress Feature = "the client's address seen by the endpoint"
+	// ConnectionsSurviveRestart is a connection opened through a Service
+	// outliving the proxy process that set it up.
+	ConnectionsSurviveRestart Feature = "open connections surviving a restart of the proxy"
 )
 
 // Backend is a proxy backend under test.
@@ -60,8 +67,18 @@ func (b Backend) Need(t *testing.T, f Feature) {
 	}
 }
 
+// Supports reports whether b supports f; a scenario checks what needs f
+// only then, and goes on with the rest.
+func (b Backend) Supports(f Feature) bool {
+	_, lacks := b.Unsupported[f]
+	return !lacks
+}
+
 // Run runs every scenario of the table against b.
 func Run(t *testing.T, b Backend) {
+	for f, why := range b.Unsupported {
+		t.Logf("the %s backend lacks %s (%s): the checks needing it are skipped", b.Mode, f, why)
+	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) { s.run(t, b) })
 	}
