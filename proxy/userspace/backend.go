@@ -204,8 +204,7 @@ func (b *Backend) Sync(st model.State, full bool) error {
 	}
 	// Closed only now: the glue no longer sends anything to them.
 	for _, l := range gone {
-		l.close()
-		b.cfg.Log.Info("stopped listening", "service", svcName(l.key), "port", l.key.Port.Port, "protocol", l.proto, "scope", l.key.Scope)
+		b.closeListener(l)
 	}
 	b.metrics.listeners.Set(float64(len(bound)))
 	b.metrics.failures.Set(float64(len(plan) - len(bound)))
@@ -214,12 +213,35 @@ func (b *Backend) Sync(st model.State, full bool) error {
 
 // reconcile binds the planned listeners that have none, hands existing ones
 // their new spec, and returns the bind errors and the listeners no longer
-// planned (to close once the glue has let go of them). b.mu is held.
+// planned, to close once the glue has let go of them (rootless mode, which
+// has no glue, closes them first, so that their ports are free for new
+// listeners). b.mu is held.
 func (b *Backend) reconcile(plan []Listener) ([]error, []*listener) {
 	var errs []error
 	want := make(map[Key]bool, len(plan))
 	for _, spec := range plan {
 		want[spec.Key] = true
+	}
+	var gone []*listener
+	for k, l := range b.listeners {
+		if !want[k] {
+			gone = append(gone, l)
+			delete(b.listeners, k)
+		}
+	}
+	for k := range b.failed {
+		if !want[k] {
+			delete(b.failed, k)
+		}
+	}
+	if b.Rootless() {
+		// No glue points at them: their ports are free for the new.
+		for _, l := range gone {
+			b.closeListener(l)
+		}
+		gone = nil
+	}
+	for _, spec := range plan {
 		if l, ok := b.listeners[spec.Key]; ok {
 			l.update(spec)
 			continue
@@ -245,19 +267,13 @@ func (b *Backend) reconcile(plan []Listener) ([]error, []*listener) {
 		b.cfg.Log.Info("listening", "service", svcName(spec.Key), "port", spec.Key.Port.Port, "protocol", spec.Protocol,
 			"scope", spec.Key.Scope, "address", l.address(), "servicePort", spec.ServicePort)
 	}
-	var gone []*listener
-	for k, l := range b.listeners {
-		if !want[k] {
-			gone = append(gone, l)
-			delete(b.listeners, k)
-		}
-	}
-	for k := range b.failed {
-		if !want[k] {
-			delete(b.failed, k)
-		}
-	}
 	return errs, gone
+}
+
+// closeListener closes a listener no longer planned.
+func (b *Backend) closeListener(l *listener) {
+	l.close()
+	b.cfg.Log.Info("stopped listening", "service", svcName(l.key), "port", l.key.Port.Port, "protocol", l.proto, "scope", l.key.Scope)
 }
 
 var errSCTP = errors.New("SCTP is not supported by the userspace proxy")

@@ -27,12 +27,12 @@ const (
 	chainGuard = "WEFT-USERSPACE-INPUT"
 )
 
-// ipJump is a rule in a built-in chain leading to one of the glue's.
-type ipJump struct{ Table, Chain, Target string }
+// IPTablesJump is a rule in a built-in chain leading to one of the glue's.
+type IPTablesJump struct{ Table, Chain, Target string }
 
-func (j ipJump) rule() string { return "-A " + j.Chain + " -j " + j.Target }
+func (j IPTablesJump) rule() string { return "-A " + j.Chain + " -j " + j.Target }
 
-var iptablesJumps = []ipJump{
+var iptablesJumps = []IPTablesJump{
 	{"nat", "PREROUTING", chainRedirect}, {"nat", "OUTPUT", chainRedirect},
 	{"filter", "INPUT", chainGuard}, {"filter", "INPUT", chainFilter},
 	{"filter", "FORWARD", chainFilter}, {"filter", "OUTPUT", chainFilter},
@@ -47,15 +47,17 @@ var iptablesChains = map[string][]string{
 // RenderIPTables is the iptables-restore --noflush payload of g for one
 // family (4 or 6): it rewrites every chain of the glue, and inserts the
 // jumps in missing (those not yet in the built-in chains). It is pure.
-func RenderIPTables(g GlueSpec, fam int, clusterCIDRs []netip.Prefix, missing []ipJump) string {
+func RenderIPTables(g GlueSpec, fam int, clusterCIDRs []netip.Prefix, missing []IPTablesJump) string {
 	var b strings.Builder
 	bits := "/32"
 	if fam == 6 {
 		bits = "/128"
 	}
 	proto := func(p model.Protocol) string { return strings.ToLower(string(p)) }
-	orig := func(f Frontend) string {
-		return fmt.Sprintf("-p %s -m conntrack --ctorigdst %s%s --ctorigdstport %d", proto(f.Protocol), f.Addr, bits, f.Port)
+	// orig matches a frontend as the connection's original destination,
+	// which a REDIRECT does not change.
+	orig := func(f Frontend, state string) string {
+		return fmt.Sprintf("-p %s -m conntrack %s--ctorigdst %s%s --ctorigdstport %d", proto(f.Protocol), state, f.Addr, bits, f.Port)
 	}
 	header := func(table string) {
 		fmt.Fprintf(&b, "*%s\n", table)
@@ -88,16 +90,16 @@ func RenderIPTables(g GlueSpec, fam int, clusterCIDRs []netip.Prefix, missing []
 		fmt.Fprintf(&b, "-A %s -m conntrack --ctstate NEW -j %s\n", chainFilter, chainExternal)
 	}
 	for _, f := range family(g.Drop, fam) {
-		fmt.Fprintf(&b, "-A %s -m conntrack --ctstate NEW %s -j DROP\n", chainFilter, orig(f))
+		fmt.Fprintf(&b, "-A %s %s -j DROP\n", chainFilter, orig(f, "--ctstate NEW "))
 	}
 	for _, f := range family(g.Reject, fam) {
-		fmt.Fprintf(&b, "-A %s -m conntrack --ctstate NEW %s -j REJECT\n", chainFilter, orig(f))
+		fmt.Fprintf(&b, "-A %s %s -j REJECT\n", chainFilter, orig(f, "--ctstate NEW "))
 	}
 	for _, f := range fw {
 		for _, r := range f.SourceRanges {
-			fmt.Fprintf(&b, "-A %s -s %s %s -j RETURN\n", chainFirewall, r, orig(f))
+			fmt.Fprintf(&b, "-A %s -s %s %s -j RETURN\n", chainFirewall, r, orig(f, ""))
 		}
-		fmt.Fprintf(&b, "-A %s %s -j DROP\n", chainFirewall, orig(f))
+		fmt.Fprintf(&b, "-A %s %s -j DROP\n", chainFirewall, orig(f, ""))
 	}
 	if len(ext) > 0 {
 		for _, c := range clusterCIDRs {
@@ -107,7 +109,7 @@ func RenderIPTables(g GlueSpec, fam int, clusterCIDRs []netip.Prefix, missing []
 		}
 		fmt.Fprintf(&b, "-A %s -m addrtype --src-type LOCAL -j RETURN\n", chainExternal)
 		for _, f := range ext {
-			fmt.Fprintf(&b, "-A %s %s -j DROP\n", chainExternal, orig(f))
+			fmt.Fprintf(&b, "-A %s %s -j DROP\n", chainExternal, orig(f, ""))
 		}
 	}
 	for _, gd := range g.Guard {
@@ -137,7 +139,7 @@ func (ig *iptablesGlue) apply(g GlueSpec, full bool) error {
 	}
 	var errs []error
 	for _, fam := range ig.families {
-		var missing []ipJump
+		var missing []IPTablesJump
 		if full || !ig.jumped[fam] {
 			have, err := ig.saved(fam)
 			if err != nil {
