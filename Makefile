@@ -136,6 +136,8 @@ bench: deps build kube image node coredns
 	$(GO) test -run '^$$' -bench BenchmarkConvergence -benchtime=1x -timeout 20m ./routing/bgp
 	# The topology exporter: API writes per minute at 100 pod starts/stops per minute, time from a freed address to the taint lifted.
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench TopologyExporter -benchtime=1x ./agent
+	# The userspace proxy: connections per second and throughput through it (redirected and rootless) and through the nftables backend, each against a direct dial in the same run.
+	$(GO) test -run '^$$' -bench DataPath -benchtime 3s ./proxy/userspace
 
 # The upstream [sig-network] e2e specs against a lab of real nodes, once
 # per proxy mode (CONFORMANCE_MODES; docs/conformance.md): JUnit and a
