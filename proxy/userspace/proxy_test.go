@@ -201,7 +201,7 @@ func (c *conn) talk(msg string) {
 
 // udpAsk sends one datagram on c and returns the answer.
 func udpAsk(c net.Conn) (string, error) {
-	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Write([]byte("ping")); err != nil {
 		return "", err
 	}
@@ -390,7 +390,7 @@ func TestLimits(t *testing.T) {
 // ends, and the same client socket reaches the new endpoint.
 func TestUDPSessions(t *testing.T) {
 	a, bb := startServer(t, "a"), startServer(t, "b")
-	b := newBackend(t, userspace.Config{UDPIdleTimeout: 100 * time.Millisecond})
+	b := newBackend(t, userspace.Config{UDPIdleTimeout: 300 * time.Millisecond})
 	reg := metrics(t, b)
 	syncState(t, b, state(svc{name: "dns", proto: model.UDP, eps: []netip.AddrPort{a.addr}}))
 	c, err := net.Dial("udp", addr(t, b, "dns"))
