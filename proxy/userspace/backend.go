@@ -218,19 +218,21 @@ func (b *Backend) Sync(st model.State, full bool) error {
 // listeners). b.mu is held.
 func (b *Backend) reconcile(plan []Listener) ([]error, []*listener) {
 	var errs []error
-	want := make(map[Key]bool, len(plan))
-	for _, spec := range plan {
-		want[spec.Key] = true
+	want := make(map[Key]*Listener, len(plan))
+	for i := range plan {
+		want[plan[i].Key] = &plan[i]
 	}
 	var gone []*listener
 	for k, l := range b.listeners {
-		if !want[k] {
+		// A listener on its Service's own port (rootless) whose Service
+		// moved to another port follows it.
+		if spec := want[k]; spec == nil || (l.own && l.port != spec.ServicePort) {
 			gone = append(gone, l)
 			delete(b.listeners, k)
 		}
 	}
 	for k := range b.failed {
-		if !want[k] {
+		if want[k] == nil {
 			delete(b.failed, k)
 		}
 	}

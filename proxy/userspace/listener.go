@@ -21,6 +21,7 @@ type listener struct {
 	key   Key
 	proto model.Protocol
 	port  uint16
+	own   bool // port is the Service's own port (rootless)
 	spec  atomic.Pointer[Listener]
 	pick  picker
 
@@ -61,7 +62,8 @@ func (b *Backend) bind(spec Listener) (*listener, error) {
 
 // listenOn opens spec's sockets on port, on every address, or none.
 func (b *Backend) listenOn(spec Listener, port uint16) (*listener, error) {
-	l := &listener{b: b, key: spec.Key, proto: spec.Protocol, port: port, sessions: map[sessionKey]*session{}}
+	l := &listener{b: b, key: spec.Key, proto: spec.Protocol, port: port, own: b.Rootless() && port == spec.ServicePort,
+		sessions: map[sessionKey]*session{}}
 	l.pick.now = b.now
 	l.spec.Store(&spec)
 	l.pick.setAffinity(spec.Affinity)

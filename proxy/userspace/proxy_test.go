@@ -451,14 +451,20 @@ func TestPortCannotBeBound(t *testing.T) {
 	}
 }
 
-// TestOwnPort: rootless mode listens on the Service's own port when free.
+// TestOwnPort: rootless mode listens on the Service's own port when free,
+// and follows the Service to a new port.
 func TestOwnPort(t *testing.T) {
 	a := startServer(t, "a")
-	port := refusing(t).Port()
+	port, next := refusing(t).Port(), refusing(t).Port()
 	b := newBackend(t, userspace.Config{})
-	syncState(t, b, state(svc{name: "web", port: port, eps: []netip.AddrPort{a.addr}}))
-	if got, want := addr(t, b, "web"), netip.AddrPortFrom(loopback, port).String(); got != want {
-		t.Fatalf("listening on %s, want the Service's own %s", got, want)
+	for _, p := range []uint16{port, next} {
+		syncState(t, b, state(svc{name: "web", port: p, eps: []netip.AddrPort{a.addr}}))
+		if got, want := addr(t, b, "web"), netip.AddrPortFrom(loopback, p).String(); got != want {
+			t.Fatalf("listening on %s, want the Service's own %s", got, want)
+		}
+		if got := who(t, addr(t, b, "web")); got != "a" {
+			t.Fatalf("answered by %s", got)
+		}
 	}
 }
 
