@@ -57,6 +57,9 @@ func TestRedirect(t *testing.T) {
 }
 
 func redirect(t *testing.T, glue string) {
+	if testing.Short() || !netnsutil.Isolated() {
+		t.Skip("kernel test: needs root (private network namespace), not -short")
+	}
 	web := proxytest.Service("web", "10.96.0.10", func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeNodePort
 		s.Spec.Ports[0].NodePort = 30080
