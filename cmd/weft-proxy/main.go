@@ -206,6 +206,8 @@ func dryRun(backend proxy.Backend) (func(model.State) (string, error), error) {
 		return b.Dump, nil
 	case *ipvs.Backend:
 		return b.Dump, nil
+	case *userspace.Backend:
+		return b.Dump, nil
 	}
 	return nil, errors.New("not supported")
 }

@@ -220,3 +220,30 @@ func TestParsePortRange(t *testing.T) {
 		}
 	}
 }
+
+// TestDump: --dry-run prints the listeners and, in redirect mode, the glue,
+// touching nothing.
+func TestDump(t *testing.T) {
+	svcs, sl := proxytest.Scenario()
+	st, _ := model.Build(svcs, sl)
+	rootless, err := userspace.New(userspace.Config{Listen: netip.MustParseAddr("127.0.0.1"), NodeName: proxytest.NodeName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := rootless.Dump(st)
+	if err != nil || !strings.Contains(out, "default/web:http/TCP internal 127.0.0.1:80 -> [10.244.1.2:80 10.244.1.3:80 10.244.1.4:80]") ||
+		strings.Contains(out, "glue") {
+		t.Fatalf("rootless dump (%v):\n%s", err, out)
+	}
+	redirect, err := userspace.New(userspace.Config{Glue: "iptables", NodeName: proxytest.NodeName,
+		NodePortIPs: []netip.Addr{netip.MustParseAddr(proxytest.NodeIP)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err = redirect.Dump(st); err != nil || !strings.Contains(out, "-A WEFT-USERSPACE -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j REDIRECT") {
+		t.Fatalf("redirect dump (%v):\n%s", err, out)
+	}
+	if len(rootless.Services()) != 0 || len(redirect.Services()) != 0 {
+		t.Fatal("Dump bound listeners")
+	}
+}

@@ -1,9 +1,18 @@
 package userspace
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/weftnet/weft/proxy/model"
 )
 
 // MapEntry is one service port's listener in the service map.
@@ -79,4 +88,40 @@ func (b *Backend) ServicesHandler() http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(entries)
 	})
+}
+
+// Dump returns what a first sync of st would set up, touching nothing
+// (weft-proxy --dry-run): the listeners, each on its first candidate port
+// (a real start takes the next when that one is held), and the glue in
+// redirect mode.
+func (b *Backend) Dump(st model.State) (string, error) {
+	plan := Plan(b.planConfig(), st)
+	bound := map[Key]uint16{}
+	var out strings.Builder
+	out.WriteString("# listeners: service port, scope, address -> endpoints (IPv4; IPv6)\n")
+	for _, l := range plan {
+		if l.Protocol == model.SCTP {
+			fmt.Fprintf(&out, "%s %s: not proxied (%v)\n", l.Key.Port, l.Key.Scope, errSCTP)
+			continue
+		}
+		port := Candidates(l.Key, l.ServicePort, b.Rootless(), b.cfg.PortRange)[0]
+		bound[l.Key] = port
+		fmt.Fprintf(&out, "%s %s %s -> %v; %v\n", l.Key.Port, l.Key.Scope, net.JoinHostPort(b.addrs[0].String(), strconv.Itoa(int(port))),
+			l.ByFamily[0].Serve, l.ByFamily[1].Serve)
+	}
+	switch g := b.glue.(type) {
+	case *nftGlue:
+		fake := knftables.NewFake(knftables.InetFamily, TableName)
+		tx := fake.NewTransaction()
+		RenderNFT(tx, Glue(plan, bound), g.clusterCIDRs)
+		if err := fake.Run(context.Background(), tx); err != nil {
+			return "", err
+		}
+		out.WriteString("# nftables glue\n" + fake.Dump())
+	case *iptablesGlue:
+		for _, fam := range g.families {
+			fmt.Fprintf(&out, "# iptables glue, IPv%d\n%s", fam, RenderIPTables(Glue(plan, bound), fam, g.clusterCIDRs, iptablesJumps))
+		}
+	}
+	return out.String(), nil
 }
