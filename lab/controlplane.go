@@ -144,7 +144,7 @@ func controlPlane(o Options) []Proc {
 			"--etcd-servers", "http://127.0.0.1:2379",
 			"--advertise-address", ControlIP.String(), "--bind-address", "0.0.0.0", "--secure-port", strconv.Itoa(APIServerPort),
 			"--tls-cert-file", p("apiserver.crt"), "--tls-private-key-file", p("apiserver.key"), "--client-ca-file", p("ca.crt"),
-			"--service-cluster-ip-range", ServiceCIDR,
+			"--service-cluster-ip-range", o.serviceCIDRs(),
 			"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
 			"--service-account-key-file", p("sa.pub"), "--service-account-signing-key-file", p("sa.key"),
 			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
@@ -160,8 +160,9 @@ func controlPlane(o Options) []Proc {
 			"--authentication-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
 			"--authorization-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
 			"--use-service-account-credentials", "--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
-			"--allocate-node-cidrs", "--cluster-cidr", ClusterCIDR, "--node-cidr-mask-size", strconv.Itoa(podCIDRSize),
-			"--service-cluster-ip-range", ServiceCIDR,
+			"--allocate-node-cidrs", "--cluster-cidr", o.clusterCIDRs(),
+			"--node-cidr-mask-size-ipv4", strconv.Itoa(podCIDRSize), "--node-cidr-mask-size-ipv6", "64",
+			"--service-cluster-ip-range", o.serviceCIDRs(),
 			// A node whose kubelet stopped is NotReady after 20 s (the
 			// default is 50 s; the kubelets renew their leases every 10 s).
 			"--node-monitor-grace-period", "20s",
@@ -205,4 +206,20 @@ func waitAPIServer(ctx context.Context, dir string) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// clusterCIDRs and serviceCIDRs are the lab's pod and Service ranges, as
+// the control plane's flags take them (IPv4 first).
+func (o Options) clusterCIDRs() string {
+	if o.DualStack {
+		return ClusterCIDR + "," + ClusterCIDR6
+	}
+	return ClusterCIDR
+}
+
+func (o Options) serviceCIDRs() string {
+	if o.DualStack {
+		return ServiceCIDR + "," + ServiceCIDR6
+	}
+	return ServiceCIDR
 }

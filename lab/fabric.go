@@ -10,6 +10,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 )
@@ -26,6 +27,10 @@ const (
 	firstNodeHost = 11
 	ClusterCIDR   = "10.244.0.0/16"
 	ServiceCIDR   = "10.96.0.0/16"
+	// ClusterCIDR6 and ServiceCIDR6 are the IPv6 ranges of a dual-stack
+	// lab (a /64 per node).
+	ClusterCIDR6  = "fd00:10:244::/56"
+	ServiceCIDR6  = "fd00:10:96::/112"
 	APIServerPort = 6443
 )
 
@@ -38,6 +43,9 @@ var (
 	ExternalIP = netip.MustParseAddr("172.18.0.100")
 	// outsideNet is the external host's segment behind the ToR, on racks.
 	outsideNet = netip.MustParsePrefix("172.18.100.0/24")
+	// underlayNet6 is the IPv6 underlay of a dual-stack lab: a member at
+	// 172.18.0.h is at fd00:18::h (h in decimal digits).
+	underlayNet6 = netip.MustParsePrefix("fd00:18::/64")
 )
 
 // MaxRacks is how many racks a lab can have (rack r's subnet is
@@ -56,6 +64,32 @@ type Member struct {
 	// Gateway is the member's default router: the external host on one
 	// segment, its rack's ToR on racks, none for the external host itself.
 	Gateway netip.Addr `json:"gateway,omitzero"`
+	// IP6 and Gateway6 are the same in IPv6, on a dual-stack lab.
+	IP6      netip.Addr `json:"ip6,omitzero"`
+	Gateway6 netip.Addr `json:"gateway6,omitzero"`
+}
+
+// nodeIPs is the member's address, and its IPv6 one on a dual-stack lab,
+// as the kubelet's --node-ip takes them.
+func (m Member) nodeIPs() string {
+	if m.IP6.IsValid() {
+		return m.IP.String() + "," + m.IP6.String()
+	}
+	return m.IP.String()
+}
+
+// addIPv6 gives the members of a one-segment lab their IPv6 addresses
+// and default routers (dual stack).
+func addIPv6(members []Member) {
+	v6 := func(a netip.Addr) netip.Addr {
+		if !a.IsValid() {
+			return a
+		}
+		return netip.MustParseAddr(fmt.Sprintf("%s%d", underlayNet6.Addr(), a.As4()[3]))
+	}
+	for i := range members {
+		members[i].IP6, members[i].Gateway6 = v6(members[i].IP), v6(members[i].Gateway)
+	}
 }
 
 // NSPath is the member's namespace path.
@@ -166,7 +200,7 @@ func buildToR(racks int) error {
 		legs[fmt.Sprintf("ul%d", r)] = netip.PrefixFrom(torAddr(r), underlayBits)
 	}
 	for br, addr := range legs {
-		if err := plug(ToRNS, "tor-"+br, br, "eth-"+br, addr, netip.Addr{}); err != nil {
+		if err := plug(ToRNS, "tor-"+br, br, "eth-"+br, []netip.Prefix{addr}, nil); err != nil {
 			return err
 		}
 	}
@@ -179,18 +213,29 @@ func attach(m Member) error {
 	if _, err := netnsutil.NewNamed(m.NS); err != nil {
 		return err
 	}
-	if err := plug(m.NS, "ul-"+m.Name, m.bridge(), "eth0", netip.PrefixFrom(m.IP, underlayBits), m.Gateway); err != nil {
+	addrs, gws := []netip.Prefix{netip.PrefixFrom(m.IP, underlayBits)}, []netip.Addr{m.Gateway}
+	if m.IP6.IsValid() {
+		addrs, gws = append(addrs, netip.PrefixFrom(m.IP6, underlayNet6.Bits())), append(gws, m.Gateway6)
+	}
+	if err := plug(m.NS, "ul-"+m.Name, m.bridge(), "eth0", addrs, gws); err != nil {
 		return err
 	}
 	// Like real machines, members forward: the external host plays the
 	// outside world's router on one segment.
-	return netnsutil.Do(m.NSPath(), func() error { return writeSysctl("net/ipv4/ip_forward", "1") })
+	return netnsutil.Do(m.NSPath(), func() error {
+		if m.IP6.IsValid() {
+			if err := writeSysctl("net/ipv6/conf/all/forwarding", "1"); err != nil {
+				return err
+			}
+		}
+		return writeSysctl("net/ipv4/ip_forward", "1")
+	})
 }
 
 // plug connects namespace ns to the underlay bridge br by a veth (outer
 // name in the underlay namespace, inner name in ns) and gives the inner end
-// addr and, if valid, a default route through gw.
-func plug(ns, outer, br, inner string, addr netip.Prefix, gw netip.Addr) error {
+// addrs and a default route through each valid gw.
+func plug(ns, outer, br, inner string, addrs []netip.Prefix, gws []netip.Addr) error {
 	nsPath := netnsutil.RunDir + "/" + ns
 	h, err := netns.GetFromPath(nsPath)
 	if err != nil {
@@ -217,16 +262,23 @@ func plug(ns, outer, br, inner string, addr netip.Prefix, gw netip.Addr) error {
 		if err != nil {
 			return err
 		}
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
-		if err := netlink.AddrAdd(link, a); err != nil {
-			return err
+		for _, addr := range addrs {
+			a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), addr.Addr().BitLen())}}
+			if addr.Addr().Is6() {
+				a.Flags = unix.IFA_F_NODAD // usable at once, no duplicate address detection
+			}
+			if err := netlink.AddrAdd(link, a); err != nil {
+				return fmt.Errorf("address %s: %w", addr, err)
+			}
 		}
 		if err := netlink.LinkSetUp(link); err != nil {
 			return err
 		}
-		if gw.IsValid() {
-			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-				return fmt.Errorf("default route: %w", err)
+		for _, gw := range gws {
+			if gw.IsValid() {
+				if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+					return fmt.Errorf("default route via %s: %w", gw, err)
+				}
 			}
 		}
 		return nil

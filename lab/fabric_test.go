@@ -68,3 +68,22 @@ func TestBirdConfigPeersEveryNode(t *testing.T) {
 		}
 	}
 }
+
+func TestDualStackMembers(t *testing.T) {
+	ms := Members(2, 0)
+	addIPv6(ms)
+	want := map[string][3]string{ // IP6, Gateway6, the kubelet's --node-ip
+		"cp":    {"fd00:18::2", "fd00:18::100", "172.18.0.2,fd00:18::2"},
+		"ext":   {"fd00:18::100", "invalid IP", "172.18.0.100,fd00:18::100"},
+		"node2": {"fd00:18::12", "fd00:18::100", "172.18.0.12,fd00:18::12"},
+	}
+	for _, m := range ms {
+		w, ok := want[m.Name]
+		if !ok {
+			continue
+		}
+		if got := [3]string{m.IP6.String(), m.Gateway6.String(), m.nodeIPs()}; got != w {
+			t.Errorf("%s: got %v, want %v", m.Name, got, w)
+		}
+	}
+}

@@ -83,6 +83,7 @@ configMapGenerator:
     literals:
       - routing=%s
       - resync=10s
+      - cluster-cidr=%s
   - name: weft-apiserver
     namespace: weft-system
     options:
@@ -90,7 +91,7 @@ configMapGenerator:
     literals:
       - KUBERNETES_SERVICE_HOST=%s
       - KUBERNETES_SERVICE_PORT=%d
-`, base, o.Routing, ControlIP, APIServerPort)
+`, base, o.Routing, o.clusterCIDRs(), ControlIP, APIServerPort)
 	dir := filepath.Join(o.Dir, "deploy-lab")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err

@@ -46,6 +46,10 @@ type Options struct {
 	// agents' own rules in nftables, no iptables tool run). Empty: the
 	// proxy mode's (nftables for the nftables proxy, else iptables).
 	Dataplane string `json:"dataplane,omitempty"`
+	// DualStack gives the lab IPv6 beside IPv4: the underlay, the nodes'
+	// addresses, podCIDRs (ClusterCIDR6) and Services (ServiceCIDR6). One
+	// segment only.
+	DualStack bool `json:"dualStack,omitempty"`
 	// PodCIDRSize is the prefix length of each node's podCIDR (the
 	// controller-manager's --node-cidr-mask-size; 0: 24).
 	PodCIDRSize int `json:"podCIDRSize,omitempty"`
@@ -103,6 +107,9 @@ func Up(ctx context.Context, o Options) (err error) {
 		fmt.Fprintf(o.Out, "[%5.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
 	}
 	members := Members(o.Nodes, o.Racks)
+	if o.DualStack {
+		addIPv6(members)
+	}
 	defer func() {
 		if err != nil {
 			step("failed: %v; removing the lab", err)
@@ -232,6 +239,9 @@ func checkTopology(o Options) error {
 	}
 	if o.Racks < 0 || o.Racks > MaxRacks {
 		return fmt.Errorf("--racks: %d is not between 0 and %d", o.Racks, MaxRacks)
+	}
+	if o.Racks > 1 && o.DualStack {
+		return fmt.Errorf("--dual-stack: the lab's racks are IPv4 only; use one segment (--racks 0)")
 	}
 	if o.Racks > 1 && o.Routing == "hostgw" {
 		return fmt.Errorf("--routing hostgw: nodes on %d racks are on different subnets, and host-gw routes only to nodes on the node's own segment (its next hops must be on-link): use --routing bgp (routes learned from the ToR and the other nodes) or vxlan", o.Racks)

@@ -38,7 +38,8 @@ import (
 // outside the nodes to the nodes that should get its traffic: every Ready
 // node whose weft-agent is healthy for externalTrafficPolicy Cluster, and
 // for Local only those whose health-check node port answers 200, checked
-// every second, as a cloud load balancer checks. The routes are ECMP
+// every second, as a cloud load balancer checks (a Service with ClientIP
+// session affinity gets only the first of them). The routes are ECMP
 // routes (hashed on the 5-tuple) in the namespace that routes for the
 // outside: the external host on one segment, the ToR on racks. With
 // --routing bgp on racks the nodes announce the addresses themselves
@@ -321,7 +322,15 @@ func (lb *loadBalancer) pass(ctx context.Context, svcs []*corev1.Service, nodes 
 	routes := map[netip.Addr][]netip.Addr{}
 	for _, s := range svcs {
 		if a, ok := ips[key(s)]; ok && wantsLB(s) {
-			routes[a] = lb.healthy(ctx, lbTargets(s, nodes))
+			hops := lb.healthy(ctx, lbTargets(s, nodes))
+			if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP && len(hops) > 1 {
+				// A client keeps its backend only if it keeps its node
+				// (each node's proxy keeps its own affinity): one next
+				// hop, the first healthy node, as a cloud load balancer
+				// with client-IP affinity sends a client to one node.
+				hops = hops[:1]
+			}
+			routes[a] = hops
 		}
 	}
 	if err := lb.syncRoutes(routes); err != nil {

@@ -70,8 +70,11 @@ func routeControlPlaneToPods(members []Member, nodes []*corev1.Node) error {
 			if err != nil {
 				return fmt.Errorf("node %s: podCIDR %q: %w", m.Name, cidr, err)
 			}
-			if dst.IP.To4() != nil {
+			switch {
+			case dst.IP.To4() != nil:
 				routes = append(routes, netlink.Route{Dst: dst, Gw: m.IP.AsSlice()})
+			case m.IP6.IsValid():
+				routes = append(routes, netlink.Route{Dst: dst, Gw: m.IP6.AsSlice()})
 			}
 		}
 	}

@@ -566,7 +566,7 @@ func (o Options) inNodeMounts(n Member, holder int) []Proc {
 	kubelet := []string{filepath.Join(o.BinDir, "kubelet"),
 		"--config", filepath.Join(root, "etc/kubernetes/kubelet.yaml"),
 		"--kubeconfig", filepath.Join(o.Dir, n.Name+"-kubelet.kubeconfig"),
-		"--hostname-override", n.Name, "--node-ip", n.IP.String(), "--v", "1",
+		"--hostname-override", n.Name, "--node-ip", n.nodeIPs(), "--v", "1",
 	}
 	if o.Racks > 1 {
 		kubelet = append(kubelet, "--node-labels", RackLabel+"="+strconv.Itoa(n.Rack))

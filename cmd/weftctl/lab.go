@@ -36,6 +36,7 @@ func labUp(args []string) error {
 	racks := fs.Int("racks", 0, "put the nodes on that many racks (subnets) behind a BGP top-of-rack router; 0 or 1: one segment")
 	proxyMode := fs.String("proxy-mode", "", "the agents' service proxy: "+strings.Join(lab.ProxyModes, ", ")+" (default: nftables with --dataplane nftables, else iptables)")
 	dataplane := fs.String("dataplane", "", "where the agents' packet rules live: "+strings.Join(lab.Dataplanes, ", ")+" (default: nftables with --proxy-mode nftables, else iptables)")
+	dualStack := fs.Bool("dual-stack", false, "IPv6 beside IPv4: underlay, node addresses, podCIDRs ("+lab.ClusterCIDR6+") and Services ("+lab.ServiceCIDR6+"); one segment only")
 	podCIDRSize := fs.Int("pod-cidr-size", lab.DefaultPodCIDRSize, "prefix length of each node's podCIDR, within the cluster's "+lab.ClusterCIDR)
 	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
 	if err := fs.Parse(args); err != nil {
@@ -48,7 +49,7 @@ func labUp(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return lab.Up(ctx, lab.Options{
-		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, DualStack: *dualStack, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
 	})
 }
 

@@ -20,7 +20,7 @@ import (
 const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ... | weftctl sysctl ...
 
   lab up      [--nodes N] [--routing hostgw|vxlan|bgp] [--racks N] [--proxy-mode iptables|nftables|ebpf]
-              [--dataplane iptables|nftables] [--pod-cidr-size N] [--dir DIR] [--api-port PORT]
+              [--dataplane iptables|nftables] [--dual-stack] [--pod-cidr-size N] [--dir DIR] [--api-port PORT]
   lab down    [--dir DIR]
   lab status  [--dir DIR]
   lab exec    [--dir DIR] NODE|POD -- CMD [ARGS...]   run CMD in the network namespace of a

@@ -53,6 +53,7 @@ type config struct {
 	timeout       time.Duration
 	out, bin, dir string
 	keep          bool
+	dualStack     bool
 }
 
 func main() {
@@ -79,6 +80,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.bin, "bin", "bin", "directory of e2e.test, ginkgo, kubectl and the lab's binaries")
 	fs.StringVar(&c.dir, "dir", "", "lab directory (default: a new directory under "+labDirBase+")")
 	fs.BoolVar(&c.keep, "keep", false, "leave the last mode's lab up")
+	fs.BoolVar(&c.dualStack, "dual-stack", true, "dual-stack labs (IPv4 and IPv6), for the [Feature:IPv6DualStack] specs")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -219,7 +221,7 @@ func runMode(ctx context.Context, c config, mode string, keep bool) (res Result)
 	defer upLog.Close()
 	upCtx, cancel := context.WithTimeout(ctx, upTimeout)
 	err = lab.Up(upCtx, lab.Options{
-		Nodes: c.nodes, Routing: "hostgw", ProxyMode: mode,
+		Nodes: c.nodes, Routing: "hostgw", ProxyMode: mode, DualStack: c.dualStack,
 		Dir: dir, BinDir: c.bin, APIPort: lab.APIServerPort, Out: io.MultiWriter(os.Stdout, upLog),
 	})
 	cancel()

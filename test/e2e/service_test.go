@@ -92,7 +92,8 @@ func TestServices(t *testing.T) {
 			if mode == "ebpf" {
 				stray = crashedLabCgroup(t, "node1")
 			}
-			o := lab.Options{Nodes: 3, Routing: "hostgw", ProxyMode: mode}
+			// The iptables lab is dual-stack.
+			o := lab.Options{Nodes: 3, Routing: "hostgw", ProxyMode: mode, DualStack: mode == "iptables"}
 			if mode == "nftables" {
 				// The nftables data plane by its own flag (weftctl lab up
 				// --dataplane nftables): the proxy mode follows.
@@ -232,6 +233,9 @@ func services(t *testing.T, c *cluster) {
 		}
 	}
 	t.Logf("web-2 out of rotation %v after the readiness flip (10 clean answers included)", time.Since(flipped).Round(time.Millisecond))
+	if c.state.DualStack {
+		dualStack(t, c, clientNS)
+	}
 
 	scheduledDeployment(t, c, clientNS)
 }
@@ -358,5 +362,45 @@ func loadBalancer(t *testing.T, c *cluster) {
 	})
 	if err := c.client.CoreV1().Pods("default").Delete(ctx, "lb-node2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// dualStack: on a dual-stack lab, a PreferDualStack Service over the web
+// pods answers on its IPv6 ClusterIP from a pod (the pod's IPv6 address
+// seen by the server) and its NodePort on every node's IPv6 address from
+// the external host.
+func dualStack(t *testing.T, c *cluster, clientNS string) {
+	ctx := context.Background()
+	policy := corev1.IPFamilyPolicyPreferDualStack
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web6"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "web"}, IPFamilyPolicy: &policy,
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}},
+	}}
+	svc, err := c.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vip6 netip.Addr
+	for _, ip := range svc.Spec.ClusterIPs {
+		if a, err := netip.ParseAddr(ip); err == nil && a.Is6() {
+			vip6 = a
+		}
+	}
+	if !vip6.IsValid() {
+		t.Fatalf("PreferDualStack Service on a dual-stack lab: ClusterIPs %v, no IPv6 one", svc.Spec.ClusterIPs)
+	}
+	waitUntil(t, "the IPv6 ClusterIP from a pod", func() error {
+		r, err := c.fetch(clientNS, "http://"+netip.AddrPortFrom(vip6, 80).String()+"/")
+		if err == nil && !netip.MustParseAddr(r.Client).Is6() {
+			err = fmt.Errorf("%s saw %s, want the client pod's IPv6 address", r.Pod, r.Client)
+		}
+		return err
+	})
+	for _, n := range lab.NodeMembers(c.state.Members) {
+		url := "http://" + netip.AddrPortFrom(n.IP6, uint16(svc.Spec.Ports[0].NodePort)).String() + "/"
+		waitUntil(t, "the NodePort on "+n.Name+"'s IPv6 address from outside", func() error {
+			_, err := c.fetch(c.node("ext").NSPath(), url)
+			return err
+		})
 	}
 }
