@@ -50,19 +50,25 @@ kube:
 # hack/build-node.sh; the kubelet comes with `make kube`, runc from
 # Debian), and the images they import, there being no registry: pause, the
 # e2e suite's (agnhost and the images it stands for) and the lab workload's
-# (bin/images/).
+# (bin/images/). agnhost's iperf is iperf 2.2 built from Debian's source
+# (hack/build-iperf.sh), and its /coredns bin/coredns where that exists
+# (make coredns; make conformance builds it first).
 PORTER_CERTS = $(shell $(GO) -C hack/tools mod download -json k8s.io/kubernetes 2>/dev/null | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')/test/images/agnhost/porter
 node: build kube
 	@bash hack/build-node.sh
+	@bash hack/build-iperf.sh
 	$(GO) run ./hack/mkimage -test-images $(BIN)/images -pause $(BIN)/node/pause -agnhost $(BIN)/agnhost \
-		-porter-certs $(PORTER_CERTS) -workload $(BIN)/weft-workload -regression-74839 $(BIN)/node/regression-issue-74839
+		-porter-certs $(PORTER_CERTS) -workload $(BIN)/weft-workload -regression-74839 $(BIN)/node/regression-issue-74839 \
+		-iperf $(BIN)/node/iperf $$(test ! -x $(BIN)/coredns || echo -coredns $(BIN)/coredns)
 
 # The upstream e2e suite: bin/e2e.test and bin/ginkgo (hack/build-e2e.sh).
 e2e:
 	@bash hack/build-e2e.sh
 
-# CoreDNS (hack/coredns/go.mod), the DNS benchmark's peer; only rebuilt when
-# missing or bumped. Only bench needs it.
+# CoreDNS (hack/coredns/go.mod), the DNS benchmark's peer and agnhost's
+# /coredns; only rebuilt when missing or bumped. Only bench and conformance
+# need it (a cold build takes about 3 minutes on 2 cores, so make test,
+# whose specs do not run it, does not build it).
 coredns:
 	@bash hack/build-coredns.sh
 
@@ -143,7 +149,7 @@ bench: deps build kube image node coredns
 # per proxy mode (CONFORMANCE_MODES; docs/conformance.md): JUnit and a
 # summary table under bin/conformance/.
 CONFORMANCE_FLAGS ?=
-conformance: deps build kube image node e2e
+conformance: deps build kube image coredns node e2e
 	$(GO) run ./test/conformance $(CONFORMANCE_FLAGS)
 
 clean:

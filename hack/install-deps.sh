@@ -14,6 +14,7 @@ packages=(
 	bind9-dnsutils # dig: DNS tests against weft-dns
 	dnsperf    # DNS benchmark (make bench)
 	gcc libc6-dev # the CNI plugin's static shim (make build: gcc -static)
+	g++ xz-utils # iperf 2 of the lab's test images, from Debian's source tarball (hack/build-iperf.sh)
 	clang llvm libbpf-dev # BPF programs: make generate, and make test's check of the committed objects
 	qemu-system-x86 busybox-static cpio kmod # test/vm: Debian's kernel booted under qemu (IPVS, Debian stable's kernel)
 	bird2      # the lab's top-of-rack router (weftctl lab up --racks): weft's BGP peer

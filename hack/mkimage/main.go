@@ -5,8 +5,8 @@
 //
 // With -test-images DIR it builds instead the lab's test images into DIR
 // (internal/image.BuildTestImages), one archive each, from the programs
-// -pause, -agnhost, -workload and -regression-74839 and the TLS pair in
-// -porter-certs.
+// -pause, -agnhost, -iperf, -workload, -regression-74839 and -coredns and
+// the TLS pair in -porter-certs.
 package main
 
 import (
@@ -29,6 +29,8 @@ func main() {
 	flag.StringVar(&t.OutDir, "test-images", "", "build the lab's test images into this directory instead of weft's image")
 	flag.StringVar(&t.Pause, "pause", "", "with -test-images: a static pause binary")
 	flag.StringVar(&t.Agnhost, "agnhost", "", "with -test-images: the agnhost binary (k8s.io/kubernetes/test/images/agnhost)")
+	flag.StringVar(&t.Iperf, "iperf", "", "with -test-images: iperf 2.2 or later, built against this machine's Debian (hack/build-iperf.sh)")
+	flag.StringVar(&t.CoreDNS, "coredns", "", "with -test-images: the coredns binary, /coredns in agnhost's image (optional: without it agnhost has none)")
 	flag.StringVar(&t.PorterCerts, "porter-certs", "", "with -test-images: the directory with localhost.crt and localhost.key (test/images/agnhost/porter of k8s.io/kubernetes)")
 	flag.StringVar(&t.Workload, "workload", "", "with -test-images: the static weft-workload binary")
 	flag.StringVar(&t.Regression74839, "regression-74839", "", "with -test-images: the static regression-issue-74839 binary (optional)")

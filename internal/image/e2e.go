@@ -21,12 +21,20 @@ import (
 // agnhost image (which is Alpine's), and the tools the specs run. An
 // archive holds several names only where their configurations are equal,
 // so they make four archives with the same layer; the others hold one
-// static program each.
+// static program each. agnhost's archive adds a layer with CoreDNS at
+// /coredns, as upstream's agnhost image has it, when given one.
 
 // TestOptions say what BuildTestImages builds from, and where to.
 type TestOptions struct {
 	Pause   string // a static pause (kubernetes build/pause)
 	Agnhost string // agnhost (k8s.io/kubernetes/test/images/agnhost)
+	// Iperf is iperf 2, 2.2.0 or later, linked against the libraries of
+	// this machine's Debian (hack/build-iperf.sh): /usr/bin/iperf.
+	Iperf string
+	// CoreDNS is the coredns program (hack/build-coredns.sh), /coredns in
+	// agnhost's image, which the spec "DNS should support configurable
+	// pod resolv.conf" runs; without it agnhost's image has none.
+	CoreDNS string
 	// PorterCerts is the directory holding agnhost porter's TLS pair,
 	// localhost.crt and localhost.key (test/images/agnhost/porter in the
 	// k8s.io/kubernetes module).
@@ -45,12 +53,14 @@ const e2eRegistry = "registry.k8s.io/e2e-test-images/"
 // testPackages are the Debian packages of the shared root filesystem: the
 // tools the specs call (sh, curl, wget, dig, nslookup, getent, nc with -u,
 // ip, ss, ping, ps, awk, sed, grep, seq, timeout, dd, hostname, which;
-// nsenter for the SCTP specs' host exec pods and iperf 2 for the IPerf2
-// spec, as upstream's agnhost has them; conntrack for distroless-iptables'
-// spec). Not busybox: its shell runs its own nc, which has no -u.
+// nsenter for the SCTP specs' host exec pods, as upstream's agnhost has
+// it; conntrack for distroless-iptables' spec), and the C++ runtime of
+// TestOptions.Iperf. Not busybox: its shell runs its own nc, which has no
+// -u. Not Debian bookworm's iperf: its 2.1.8 prints a CSV the IPerf2 spec
+// does not parse (hack/build-iperf.sh).
 var testPackages = []string{
 	"bash", "dash", "coreutils", "grep", "sed", "mawk", "debianutils", "hostname", "procps", "libc-bin", "util-linux",
-	"curl", "wget", "bind9-dnsutils", "netcat-openbsd", "iproute2", "iputils-ping", "conntrack", "iperf",
+	"curl", "wget", "bind9-dnsutils", "netcat-openbsd", "iproute2", "iputils-ping", "conntrack", "libstdc++6",
 	// Settles procps' init-system-helpers' "usrmerge | usr-is-merged"
 	// without usrmerge, which needs perl; no script checks it here.
 	"usr-is-merged",
@@ -77,8 +87,9 @@ var etcFiles = map[string]string{
 
 // rootfsImages are the archives of the shared root filesystem, by file.
 var rootfsImages = []struct {
-	file string
-	img  ociimage.Image
+	file    string
+	img     ociimage.Image
+	coreDNS bool // with TestOptions.CoreDNS at /coredns, in a layer of its own
 }{
 	// Upstream's entrypoint and command. 2.55 is the suite's AgnhostPrev
 	// (apps specs; pre-pulled with --prepull-images) and 2.45 an older
@@ -87,7 +98,7 @@ var rootfsImages = []struct {
 		Name:       e2eRegistry + "agnhost:2.63.0",
 		Aliases:    []string{e2eRegistry + "agnhost:2.55", e2eRegistry + "agnhost:2.45"},
 		Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"},
-	}},
+	}, true},
 	// Debian with dig and getent, as upstream's glibc-dns-testing. The
 	// specs that run these two set the command: the DNS specs' probes, and
 	// distroless-iptables' spec (kube_proxy.go) sleep, then test, which,
@@ -96,18 +107,18 @@ var rootfsImages = []struct {
 		Name:    e2eRegistry + "glibc-dns-testing:2.0.0",
 		Aliases: []string{"registry.k8s.io/build-image/distroless-iptables:v0.9.6"},
 		Cmd:     []string{"/bin/sh"},
-	}},
+	}, false},
 	// The specs run sh, sleep, echo and nc in it: GNU's and OpenBSD's do.
-	{"busybox.oci.tar", ociimage.Image{Name: e2eRegistry + "busybox:1.37.0-1", Cmd: []string{"sh"}}},
+	{"busybox.oci.tar", ociimage.Image{Name: e2eRegistry + "busybox:1.37.0-1", Cmd: []string{"sh"}}, false},
 	// The specs (endpoints, EndpointSlice) only need a running container;
 	// this one serves HTTP on port 80, as nginx does.
-	{"nginx.oci.tar", ociimage.Image{Name: e2eRegistry + "nginx:1.15-4", Entrypoint: []string{"/agnhost", "netexec", "--http-port=80"}}},
+	{"nginx.oci.tar", ociimage.Image{Name: e2eRegistry + "nginx:1.15-4", Entrypoint: []string{"/agnhost", "netexec", "--http-port=80"}}, false},
 }
 
 // BuildTestImages writes the test images' archives into o.OutDir:
 // pause.oci.tar, weft-workload.oci.tar, regression-issue-74839.oci.tar
 // (with o.Regression74839) and those of rootfsImages, from the packages
-// Fetch downloads.
+// Fetch downloads; agnhost.oci.tar has /coredns with o.CoreDNS.
 func BuildTestImages(ctx context.Context, o TestOptions) error {
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return err
@@ -125,12 +136,21 @@ func BuildTestImages(ctx context.Context, o TestOptions) error {
 	if err != nil {
 		return err
 	}
+	coreDNS := filepath.Join(work, "coredns")
+	if o.CoreDNS != "" {
+		if err := copyFile(o.CoreDNS, filepath.Join(coreDNS, "coredns"), 0o755); err != nil {
+			return fmt.Errorf("coredns: %w", err)
+		}
+	}
 	for _, r := range rootfsImages {
 		img := r.img
 		img.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 		img.WorkingDir = "/"
 		img.Labels = map[string]string{"dev.weft.debian-packages": strings.Join(versions, " ")}
 		img.Layers = []string{rootfs}
+		if r.coreDNS && o.CoreDNS != "" {
+			img.Layers = append(img.Layers, coreDNS)
+		}
 		if err := ociimage.Write(filepath.Join(o.OutDir, r.file), img); err != nil {
 			return err
 		}
@@ -200,6 +220,9 @@ func testRoot(ctx context.Context, o TestOptions, rootfs string) ([]string, erro
 	}
 	if err := copyFile(o.Agnhost, filepath.Join(rootfs, "agnhost"), 0o755); err != nil {
 		return nil, fmt.Errorf("agnhost: %w", err)
+	}
+	if err := copyFile(o.Iperf, filepath.Join(rootfs, "usr/bin/iperf"), 0o755); err != nil {
+		return nil, fmt.Errorf("iperf (hack/build-iperf.sh): %w", err)
 	}
 	for _, f := range []string{"localhost.crt", "localhost.key"} {
 		if err := copyFile(filepath.Join(o.PorterCerts, f), filepath.Join(rootfs, f), 0o644); err != nil {
