@@ -292,6 +292,9 @@ func runGinkgo(ctx context.Context, c config, mode, kubeconfig, out string) erro
 		"--kubeconfig="+kubeconfig,
 		"--kubectl-path="+filepath.Join(c.bin, "kubectl"),
 		"--provider=local",
+		// The node count, as a provider's config gives it: specs that
+		// need several nodes skip themselves without it.
+		"--num-nodes="+fmt.Sprint(c.nodes),
 		// junit_01.xml, a short JUnit report of every spec.
 		"--report-dir="+out,
 		"--e2e-output-dir="+out,

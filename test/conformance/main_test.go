@@ -51,8 +51,7 @@ func TestDefaultSkip(t *testing.T) {
 	skip := regexp.MustCompile(defaultSkip())
 	for _, spec := range []string{
 		"[sig-network] Networking should allow creating a Pod with an SCTP HostPort [LinuxOnly] [Serial]",
-		"[sig-network] [Feature:IPv6DualStack] should create service with ipv6 cluster ip",
-		"[sig-network] LoadBalancers [Feature:LoadBalancer] should handle load balancer cleanup finalizer for service [Slow]",
+		"[sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for pod-Service: sctp [Feature:SCTPConnectivity]",
 		"[sig-network] Services should work after restarting apiserver [Disruptive]",
 		"[sig-network] Networking should check kube-proxy urls",
 		"[sig-network] DNS configMap nameserver Forward PTR lookup should forward PTR records lookup to upstream nameserver [Slow] [Serial]",
@@ -67,6 +66,8 @@ func TestDefaultSkip(t *testing.T) {
 		"[sig-network] Services should serve endpoints on same port and different protocol for internal traffic on Type LoadBalancer",
 		"[sig-network] IngressClass [Feature:Ingress] should set default value on new IngressClass [Serial]",
 		"[sig-network] Services should implement service.kubernetes.io/service-proxy-name",
+		"[sig-network] [Feature:IPv6DualStack] should create service with ipv6 cluster ip",
+		"[sig-network] LoadBalancers [Feature:LoadBalancer] should handle load balancer cleanup finalizer for service [Slow]",
 	} {
 		if skip.MatchString(spec) {
 			t.Errorf("skipped: %s", spec)

@@ -16,10 +16,6 @@ type skipGroup struct {
 var skipGroups = []skipGroup{
 	{"SCTP: this kernel has no SCTP (CONFIG_IP_SCTP off, CONFIG_MODULES off)",
 		`\[Feature:SCTPConnectivity\]|SCTP HostPort|basic SCTP service`},
-	{"dual-stack: the lab is IPv4 only",
-		`\[Feature:IPv6DualStack\]`},
-	{"LoadBalancer: nothing on the lab allocates load-balancer addresses (no cloud provider)",
-		`\[Feature:LoadBalancer\]`},
 	{"disruptive: they restart the API server or kube-proxy through a provider's SSH, or migrate kube-proxy",
 		`\[Disruptive\]`},
 	{"kube-proxy itself: its status ports (10256, 10249), its metrics, its conntrack sysctls",
