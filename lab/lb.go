@@ -59,6 +59,14 @@ const (
 // LBPool is the lab's range of load-balancer addresses.
 var LBPool = netip.MustParsePrefix("172.18.200.0/24")
 
+// LBClientIP is the external host's source address towards load-balancer
+// addresses on one segment: an address outside the nodes' network (on the
+// external host's loopback; the nodes' default route leads back to it), as
+// a client of a cloud load balancer is. The upstream suite checks that the
+// endpoint of an externalTrafficPolicy Local Service sees a client outside
+// the nodes' /16.
+var LBClientIP = netip.MustParseAddr("172.19.0.100")
+
 // lbDaemon is the lab's load balancer (weftctl lab lb), in the namespace
 // whose routes it programs, or in the external host's when the nodes
 // announce the addresses.
@@ -71,6 +79,9 @@ func lbDaemon(o Options) Proc {
 	args := []string{filepath.Join(o.BinDir, "weftctl"), "lab", "lb", "--kubeconfig", AdminKubeconfig(o.Dir), "--pool", LBPool.String()}
 	if routeNS != "" {
 		args = append(args, "--route")
+	}
+	if routeNS == ExternalNS {
+		args = append(args, "--src", LBClientIP.String())
 	}
 	return Proc{Name: "lb", NS: netnsutil.RunDir + "/" + ns, Args: args}
 }
@@ -237,7 +248,10 @@ type LBOptions struct {
 	Kubeconfig string
 	Pool       netip.Prefix
 	// Route: program the addresses' routes in the process's namespace.
-	Route    bool
+	Route bool
+	// Src, when valid, is the source address the routes prefer, added to
+	// the namespace's loopback.
+	Src      netip.Addr
 	Interval time.Duration // between passes; default 1s
 	Log      *slog.Logger
 }
@@ -267,6 +281,16 @@ func RunLB(ctx context.Context, o LBOptions) error {
 		}
 		if lb.nl, err = netlink.NewHandleAt(h); err != nil {
 			return err
+		}
+		if o.Src.IsValid() {
+			lo, err := lb.nl.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			a := &netlink.Addr{IPNet: &net.IPNet{IP: o.Src.AsSlice(), Mask: net.CIDRMask(o.Src.BitLen(), o.Src.BitLen())}}
+			if err := lb.nl.AddrReplace(lo, a); err != nil {
+				return fmt.Errorf("the clients' source address %s: %w", o.Src, err)
+			}
 		}
 	}
 	f := informers.NewSharedInformerFactory(client, 0)
@@ -362,7 +386,11 @@ func (lb *loadBalancer) syncService(ctx context.Context, s *corev1.Service, ips 
 		if s, err = lb.client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("status: %w", err)
 		}
-		lb.Log.Info("load balancer", "service", key(s).String(), "ingress", want.Ingress)
+		var ips []string
+		for _, ing := range want.Ingress {
+			ips = append(ips, ing.IP)
+		}
+		lb.Log.Info("load balancer", "service", key(s).String(), "ingress", ips)
 	}
 	if !wantsLB(s) && has {
 		c := s.DeepCopy()
@@ -421,7 +449,7 @@ func (lb *loadBalancer) syncRoutes(want map[netip.Addr][]netip.Addr) error {
 	}
 	var errs []error
 	for a, hops := range want {
-		r := lbRoute(a, hops)
+		r := lbRoute(a, hops, lb.Src)
 		if c, ok := current[a]; ok && sameHops(c, r) {
 			continue
 		}
@@ -439,8 +467,11 @@ func (lb *loadBalancer) syncRoutes(want map[netip.Addr][]netip.Addr) error {
 	return errors.Join(errs...)
 }
 
-func lbRoute(a netip.Addr, hops []netip.Addr) netlink.Route {
+func lbRoute(a netip.Addr, hops []netip.Addr, src netip.Addr) netlink.Route {
 	r := netlink.Route{Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}, Protocol: lbRouteProto}
+	if src.IsValid() && len(hops) > 0 {
+		r.Src = src.AsSlice()
+	}
 	switch len(hops) {
 	case 0:
 		r.Type = unix.RTN_UNREACHABLE
@@ -468,5 +499,5 @@ func sameHops(a, b netlink.Route) bool {
 		slices.Sort(out)
 		return out
 	}
-	return a.Type == b.Type && slices.Equal(hops(a), hops(b))
+	return a.Type == b.Type && a.Src.Equal(b.Src) && slices.Equal(hops(a), hops(b))
 }

@@ -150,6 +150,7 @@ func labLB(args []string) error {
 	kubeconfig := fs.String("kubeconfig", "", "the lab's admin kubeconfig")
 	pool := fs.String("pool", lab.LBPool.String(), "load-balancer addresses")
 	route := fs.Bool("route", false, "route the addresses to the nodes from this process's network namespace")
+	src := fs.String("src", "", "with --route: the routes' preferred source address, added to the loopback")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -157,9 +158,15 @@ func labLB(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--pool: %w", err)
 	}
+	var srcIP netip.Addr
+	if *src != "" {
+		if srcIP, err = netip.ParseAddr(*src); err != nil {
+			return fmt.Errorf("--src: %w", err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return lab.RunLB(ctx, lab.LBOptions{Kubeconfig: *kubeconfig, Pool: p, Route: *route, Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	return lab.RunLB(ctx, lab.LBOptions{Kubeconfig: *kubeconfig, Pool: p, Route: *route, Src: srcIP, Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 }
 
 // labForward is the lab's API forwarder daemon (started by lab up).

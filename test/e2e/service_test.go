@@ -269,7 +269,7 @@ func crashedLabCgroup(t *testing.T, node string) *exec.Cmd {
 // address of its pool with the cleanup finalizer, and the external host
 // reaches it through the nodes its checks pass: with
 // externalTrafficPolicy Local only the node with the endpoint (the
-// client's address kept), with Cluster every node. Deleting the Service
+// client's address, lab.LBClientIP, kept), with Cluster every node. Deleting the Service
 // removes the route and the finalizer.
 func loadBalancer(t *testing.T, c *cluster) {
 	ctx := context.Background()
@@ -327,8 +327,8 @@ func loadBalancer(t *testing.T, c *cluster) {
 	waitUntil(t, "the route to the eTP=Local address via the endpoint's node only", extRoute(c.node("node2").IP.String()))
 	waitUntil(t, "the external host to the eTP=Local address", func() error {
 		r, err := c.fetch(ext.NSPath(), "http://"+ip.String()+"/")
-		if err == nil && (r.Pod != "lb-node2" || r.Client != ext.IP.String()) {
-			return fmt.Errorf("%s saw %s, want lb-node2 seeing the external host's %s", r.Pod, r.Client, ext.IP)
+		if err == nil && (r.Pod != "lb-node2" || r.Client != lab.LBClientIP.String()) {
+			return fmt.Errorf("%s saw %s, want lb-node2 seeing the external host's %s", r.Pod, r.Client, lab.LBClientIP)
 		}
 		return err
 	})
