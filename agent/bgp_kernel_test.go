@@ -1,13 +1,11 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,23 +18,6 @@ import (
 	"github.com/weftnet/weft/internal/testutil"
 	"github.com/weftnet/weft/routing/bgp"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestBGPFromTheAPI runs the agent's BGP component on a fake API server
 // against a router speaker, both on the loopback of the test's private
@@ -89,7 +70,7 @@ func TestBGPFromTheAPI(t *testing.T) {
 		&discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1", Labels: map[string]string{discovery.LabelServiceName: "web"}},
 			Endpoints: []discovery.Endpoint{{NodeName: &nodeName, Conditions: discovery.EndpointConditions{Ready: &ready}}}},
 	)
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	b, err := NewBGP(client, BGPOptions{NodeName: nodeName, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		ConfigNamespace: "weft-system", ConfigName: "weft-bgp", ListenPort: -1, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

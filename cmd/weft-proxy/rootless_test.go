@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -269,7 +268,7 @@ func TestRootless(t *testing.T) {
 
 // startProxy runs weft-proxy with args as nobody (a copy of the test
 // binary in dir), stopped when the test ends; its log is returned.
-func startProxy(t *testing.T, dir string, args ...string) *syncBuffer {
+func startProxy(t *testing.T, dir string, args ...string) *testutil.SyncBuffer {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -279,7 +278,7 @@ func startProxy(t *testing.T, dir string, args ...string) *syncBuffer {
 	if err := copyFile(self, bin); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	cmd := exec.Command(bin)
 	encoded, err := json.Marshal(args)
 	if err != nil {
@@ -337,21 +336,4 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
