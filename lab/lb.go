@@ -282,6 +282,9 @@ func RunLB(ctx context.Context, o LBOptions) error {
 		if lb.nl, err = netlink.NewHandleAt(h); err != nil {
 			return err
 		}
+		if err := lb.sink(); err != nil {
+			return err
+		}
 		if o.Src.IsValid() {
 			lo, err := lb.nl.LinkByName("lo")
 			if err != nil {
@@ -346,7 +349,19 @@ func (lb *loadBalancer) pass(ctx context.Context, svcs []*corev1.Service, nodes 
 	routes := map[netip.Addr][]netip.Addr{}
 	for _, s := range svcs {
 		if a, ok := ips[key(s)]; ok && wantsLB(s) {
-			hops := lb.healthy(ctx, lbTargets(s, nodes))
+			targets := lbTargets(s, nodes)
+			hops := lb.healthy(ctx, targets)
+			if len(hops) == 0 {
+				// No node passes: fail open, to every candidate, as cloud
+				// load balancers do (their proxies refuse what they
+				// cannot serve).
+				for _, t := range targets {
+					hops = append(hops, t.ip)
+				}
+			}
+			if len(hops) == 0 {
+				continue // no candidate: the pool's sink drops it
+			}
 			if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP && len(hops) > 1 {
 				// A client keeps its backend only if it keeps its node
 				// (each node's proxy keeps its own affinity): one next
@@ -433,9 +448,9 @@ func (lb *loadBalancer) healthy(ctx context.Context, targets []lbTarget) []netip
 }
 
 // syncRoutes makes the namespace's load-balancer routes these: each
-// address routed over its next hops (ECMP), or unreachable without any
-// (so that clients fail at once, as with no healthy backend); routes of
-// addresses no longer served are removed. Unchanged routes are left alone.
+// address routed over its next hops (ECMP); routes of addresses no longer
+// served are removed (their traffic goes to the pool's sink). Unchanged
+// routes are left alone.
 func (lb *loadBalancer) syncRoutes(want map[netip.Addr][]netip.Addr) error {
 	have, err := lb.nl.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: lbRouteProto}, netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
@@ -443,6 +458,9 @@ func (lb *loadBalancer) syncRoutes(want map[netip.Addr][]netip.Addr) error {
 	}
 	current := map[netip.Addr]netlink.Route{}
 	for _, r := range have {
+		if ones, _ := r.Dst.Mask.Size(); ones != 32 {
+			continue // the pool's sink route
+		}
 		if a, ok := netip.AddrFromSlice(r.Dst.IP); ok {
 			current[a.Unmap()] = r
 		}
@@ -467,14 +485,46 @@ func (lb *loadBalancer) syncRoutes(want map[netip.Addr][]netip.Addr) error {
 	return errors.Join(errs...)
 }
 
+// sinkLink is where the pool's addresses that no Service has go: a veth
+// whose peer is down, so that what is sent there is dropped without an
+// error, as an address nothing answers on the Internet is (a client times
+// out; an unreachable route would fail its connect at once, which the
+// upstream suite's "load balancer closed" checks take for an error).
+const sinkLink = "lb-sink"
+
+// sink makes the sink link and routes the pool to it.
+func (lb *loadBalancer) sink() error {
+	link, err := lb.nl.LinkByName(sinkLink)
+	if err != nil {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: sinkLink}, PeerName: sinkLink + "-down"}
+		if err := lb.nl.LinkAdd(veth); err != nil {
+			return fmt.Errorf("the pool's sink: %w", err)
+		}
+		if link, err = lb.nl.LinkByName(sinkLink); err != nil {
+			return err
+		}
+	}
+	if err := lb.nl.LinkSetARPOff(link); err != nil {
+		return err
+	}
+	if err := lb.nl.LinkSetUp(link); err != nil {
+		return err
+	}
+	pool := lb.Pool.Masked()
+	r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: pool.Addr().AsSlice(), Mask: net.CIDRMask(pool.Bits(), pool.Addr().BitLen())},
+		Scope: netlink.SCOPE_LINK, Protocol: lbRouteProto}
+	if err := lb.nl.RouteReplace(r); err != nil {
+		return fmt.Errorf("the pool's route to its sink: %w", err)
+	}
+	return nil
+}
+
 func lbRoute(a netip.Addr, hops []netip.Addr, src netip.Addr) netlink.Route {
 	r := netlink.Route{Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}, Protocol: lbRouteProto}
-	if src.IsValid() && len(hops) > 0 {
+	if src.IsValid() {
 		r.Src = src.AsSlice()
 	}
 	switch len(hops) {
-	case 0:
-		r.Type = unix.RTN_UNREACHABLE
 	case 1:
 		r.Gw = hops[0].AsSlice()
 	default:

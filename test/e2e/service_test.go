@@ -305,9 +305,6 @@ func loadBalancer(t *testing.T, c *cluster) {
 				dst := &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
 				list, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
 				for _, r := range list {
-					if r.Type == unix.RTN_UNREACHABLE {
-						hops = append(hops, "unreachable")
-					}
 					if r.Gw != nil {
 						hops = append(hops, r.Gw.String())
 					}
