@@ -155,19 +155,18 @@ func controlPlane(o Options) []Proc {
 			"--kubelet-preferred-address-types", "InternalIP",
 			"--kubelet-client-certificate", p("apiserver-kubelet-client.crt"), "--kubelet-client-key", p("apiserver-kubelet-client.key"),
 		}},
-		{Name: "kube-controller-manager", NS: ns, Args: []string{filepath.Join(binDir, "kube-controller-manager"),
+		{Name: "kube-controller-manager", NS: ns, Args: append([]string{filepath.Join(binDir, "kube-controller-manager"),
 			"--kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
 			"--authentication-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
 			"--authorization-kubeconfig", filepath.Join(dir, "controller-manager.kubeconfig"),
 			"--use-service-account-credentials", "--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
 			"--allocate-node-cidrs", "--cluster-cidr", o.clusterCIDRs(),
-			"--node-cidr-mask-size-ipv4", strconv.Itoa(podCIDRSize), "--node-cidr-mask-size-ipv6", "64",
 			"--service-cluster-ip-range", o.serviceCIDRs(),
 			// A node whose kubelet stopped is NotReady after 20 s (the
 			// default is 50 s; the kubelets renew their leases every 10 s).
 			"--node-monitor-grace-period", "20s",
 			"--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
-		}},
+		}, o.nodeCIDRMaskSize(podCIDRSize)...)},
 		// The stock scheduler binds pods that name no node, with the
 		// default plugins (resources, taints, spreading).
 		{Name: "kube-scheduler", NS: ns, Args: []string{filepath.Join(binDir, "kube-scheduler"),
@@ -222,4 +221,14 @@ func (o Options) serviceCIDRs() string {
 		return ServiceCIDR + "," + ServiceCIDR6
 	}
 	return ServiceCIDR
+}
+
+// nodeCIDRMaskSize is the controller-manager's podCIDR size flag: one
+// size, or a size per family on a dual-stack lab (a /64 of IPv6), which
+// single-stack refuses.
+func (o Options) nodeCIDRMaskSize(v4 int) []string {
+	if o.DualStack {
+		return []string{"--node-cidr-mask-size-ipv4", strconv.Itoa(v4), "--node-cidr-mask-size-ipv6", "64"}
+	}
+	return []string{"--node-cidr-mask-size", strconv.Itoa(v4)}
 }
