@@ -26,10 +26,11 @@ var suites = []struct{ name, pkg, run, skip string }{
 	// The iptables backend's shared scenarios on Debian stable's kernel.
 	{"iptables", "./proxy/iptables", "TestScenarios", ""},
 	// The eBPF backend's, but for the termination of a connected UDP
-	// socket whose backend left: it needs bpf_sock_destroy (Linux 6.5),
-	// which 6.1 lacks, and the backend documents that such sockets then
-	// stay on the removed backend until the client closes them.
-	{"ebpf", "./proxy/ebpf", "TestScenarios", "TestScenarios/UDPBackendReplaced"},
+	// socket whose backend left (removed, or moved to another port): it
+	// needs bpf_sock_destroy (Linux 6.5), which 6.1 lacks, and the backend
+	// documents that such sockets then stay on the removed backend until
+	// the client closes them.
+	{"ebpf", "./proxy/ebpf", "TestScenarios", "TestScenarios/^(UDPBackendReplaced|UDPTargetPortChanged)$"},
 }
 
 // bootTimeout bounds one boot: a hung guest fails the test with its console.
