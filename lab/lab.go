@@ -357,7 +357,7 @@ func Down(dir string) error {
 		errs = append(errs, err)
 	}
 	removeCreatedPaths(dir)
-	if err := restoreSysctls(dir); err != nil {
+	if err := restoreSysctls(); err != nil {
 		errs = append(errs, err)
 	}
 	for _, n := range names {

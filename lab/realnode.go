@@ -488,13 +488,17 @@ func killCgroupV1(g string) {
 	})
 }
 
-// sysctlsPath records the machine's settings the kubelets change.
-func sysctlsPath(dir string) string { return filepath.Join(dir, "machine-sysctls") }
+// sysctlsRecord holds the machine's values of the settings the kubelets
+// change. It is the machine's, not a lab directory's: a lab killed
+// without `lab down` leaves the kubelets' values behind, and the next lab
+// (in another directory) must not take those for the machine's. It lives
+// on /run, so a reboot, which resets the settings, drops it too.
+var sysctlsRecord = "/run/weft-lab-machine-sysctls"
 
 // recordSysctls saves the machine's values of kubeletSysctls, unless a
-// record exists (a lab restarted in the same directory keeps the first).
-func recordSysctls(dir string) error {
-	if _, err := os.Stat(sysctlsPath(dir)); err == nil {
+// record exists (an earlier lab's, not yet restored, holds the originals).
+func recordSysctls() error {
+	if _, err := os.Stat(sysctlsRecord); err == nil {
 		return nil
 	}
 	var b strings.Builder
@@ -505,12 +509,12 @@ func recordSysctls(dir string) error {
 		}
 		fmt.Fprintf(&b, "%s %s\n", s, strings.TrimSpace(string(v)))
 	}
-	return os.WriteFile(sysctlsPath(dir), []byte(b.String()), 0o644)
+	return os.WriteFile(sysctlsRecord, []byte(b.String()), 0o644)
 }
 
-// restoreSysctls writes the recorded settings back.
-func restoreSysctls(dir string) error {
-	b, err := os.ReadFile(sysctlsPath(dir))
+// restoreSysctls writes the recorded settings back and drops the record.
+func restoreSysctls() error {
+	b, err := os.ReadFile(sysctlsRecord)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -526,6 +530,9 @@ func restoreSysctls(dir string) error {
 		if err := os.WriteFile("/proc/sys/"+name, []byte(value), 0o644); err != nil {
 			errs = append(errs, fmt.Errorf("restoring %s: %w", name, err))
 		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, os.Remove(sysctlsRecord))
 	}
 	return errors.Join(errs...)
 }
@@ -588,7 +595,7 @@ func startRealNodes(ctx context.Context, o Options, nodes []Member) error {
 			return err
 		}
 	}
-	if err := recordSysctls(o.Dir); err != nil {
+	if err := recordSysctls(); err != nil {
 		return err
 	}
 	if err := makeMountPoints(o); err != nil {
