@@ -20,6 +20,13 @@ type nodeportBackend struct {
 	Pad  uint16
 }
 
+type nodeportBridgePort struct {
+	_     structs.HostLayout
+	MacHi uint32
+	MacLo uint16
+	Pad   uint16
+}
+
 type nodeportCtValue struct {
 	_         structs.HostLayout
 	Baddr     [4]uint32
@@ -77,15 +84,17 @@ type nodeportTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	nodeportMapWeftBackends  = "weft_backends"
-	nodeportMapWeftCt        = "weft_ct"
-	nodeportMapWeftMaglev    = "weft_maglev"
-	nodeportMapWeftNatRev    = "weft_nat_rev"
-	nodeportMapWeftServices  = "weft_services"
-	nodeportMapWeftSrcRanges = "weft_src_ranges"
-	nodeportProgWeftNodeport = "weft_nodeport"
-	nodeportProgWeftReply    = "weft_reply"
-	nodeportVarMasqMark      = "masq_mark"
+	nodeportMapWeftBackends      = "weft_backends"
+	nodeportMapWeftBridgePorts   = "weft_bridge_ports"
+	nodeportMapWeftCt            = "weft_ct"
+	nodeportMapWeftMaglev        = "weft_maglev"
+	nodeportMapWeftNatRev        = "weft_nat_rev"
+	nodeportMapWeftServices      = "weft_services"
+	nodeportMapWeftSrcRanges     = "weft_src_ranges"
+	nodeportProgWeftNodeport     = "weft_nodeport"
+	nodeportProgWeftNodeportPort = "weft_nodeport_port"
+	nodeportProgWeftReply        = "weft_reply"
+	nodeportVarMasqMark          = "masq_mark"
 )
 
 // loadNodeport returns the embedded CollectionSpec for nodeport.
@@ -130,20 +139,22 @@ type nodeportSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportProgramSpecs struct {
-	WeftNodeport *ebpf.ProgramSpec `ebpf:"weft_nodeport"`
-	WeftReply    *ebpf.ProgramSpec `ebpf:"weft_reply"`
+	WeftNodeport     *ebpf.ProgramSpec `ebpf:"weft_nodeport"`
+	WeftNodeportPort *ebpf.ProgramSpec `ebpf:"weft_nodeport_port"`
+	WeftReply        *ebpf.ProgramSpec `ebpf:"weft_reply"`
 }
 
 // nodeportMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportMapSpecs struct {
-	WeftBackends  *ebpf.MapSpec `ebpf:"weft_backends"`
-	WeftCt        *ebpf.MapSpec `ebpf:"weft_ct"`
-	WeftMaglev    *ebpf.MapSpec `ebpf:"weft_maglev"`
-	WeftNatRev    *ebpf.MapSpec `ebpf:"weft_nat_rev"`
-	WeftServices  *ebpf.MapSpec `ebpf:"weft_services"`
-	WeftSrcRanges *ebpf.MapSpec `ebpf:"weft_src_ranges"`
+	WeftBackends    *ebpf.MapSpec `ebpf:"weft_backends"`
+	WeftBridgePorts *ebpf.MapSpec `ebpf:"weft_bridge_ports"`
+	WeftCt          *ebpf.MapSpec `ebpf:"weft_ct"`
+	WeftMaglev      *ebpf.MapSpec `ebpf:"weft_maglev"`
+	WeftNatRev      *ebpf.MapSpec `ebpf:"weft_nat_rev"`
+	WeftServices    *ebpf.MapSpec `ebpf:"weft_services"`
+	WeftSrcRanges   *ebpf.MapSpec `ebpf:"weft_src_ranges"`
 }
 
 // nodeportVariableSpecs contains global variables before they are loaded into the kernel.
@@ -173,17 +184,19 @@ func (o *nodeportObjects) Close() error {
 //
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportMaps struct {
-	WeftBackends  *ebpf.Map `ebpf:"weft_backends"`
-	WeftCt        *ebpf.Map `ebpf:"weft_ct"`
-	WeftMaglev    *ebpf.Map `ebpf:"weft_maglev"`
-	WeftNatRev    *ebpf.Map `ebpf:"weft_nat_rev"`
-	WeftServices  *ebpf.Map `ebpf:"weft_services"`
-	WeftSrcRanges *ebpf.Map `ebpf:"weft_src_ranges"`
+	WeftBackends    *ebpf.Map `ebpf:"weft_backends"`
+	WeftBridgePorts *ebpf.Map `ebpf:"weft_bridge_ports"`
+	WeftCt          *ebpf.Map `ebpf:"weft_ct"`
+	WeftMaglev      *ebpf.Map `ebpf:"weft_maglev"`
+	WeftNatRev      *ebpf.Map `ebpf:"weft_nat_rev"`
+	WeftServices    *ebpf.Map `ebpf:"weft_services"`
+	WeftSrcRanges   *ebpf.Map `ebpf:"weft_src_ranges"`
 }
 
 func (m *nodeportMaps) Close() error {
 	return _NodeportClose(
 		m.WeftBackends,
+		m.WeftBridgePorts,
 		m.WeftCt,
 		m.WeftMaglev,
 		m.WeftNatRev,
@@ -203,13 +216,15 @@ type nodeportVariables struct {
 //
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportPrograms struct {
-	WeftNodeport *ebpf.Program `ebpf:"weft_nodeport"`
-	WeftReply    *ebpf.Program `ebpf:"weft_reply"`
+	WeftNodeport     *ebpf.Program `ebpf:"weft_nodeport"`
+	WeftNodeportPort *ebpf.Program `ebpf:"weft_nodeport_port"`
+	WeftReply        *ebpf.Program `ebpf:"weft_reply"`
 }
 
 func (p *nodeportPrograms) Close() error {
 	return _NodeportClose(
 		p.WeftNodeport,
+		p.WeftNodeportPort,
 		p.WeftReply,
 	)
 }

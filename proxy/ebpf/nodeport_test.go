@@ -466,3 +466,38 @@ func TestMaglevFlows(t *testing.T) {
 	}
 	t.Logf("%d of %d flows on the remaining backends moved", moved, others)
 }
+
+// TestBridgePortFrames: on a port of a bridge holding a node address,
+// weft_nodeport_port translates the frames addressed to the bridge (its
+// MAC address) and leaves alone those the bridge forwards to another host
+// or floods, and every frame of a port it was not told of.
+func TestBridgePortFrames(t *testing.T) {
+	e := newTCEnv(t)
+	e.program(map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Backends: backends(ext(podX, 80))}})
+	bridgeMAC := []byte{0x02, 0x77, 0x65, 0x66, 0x74, 0x01}
+	frame := func(dst []byte) []byte {
+		b := packet{src: ext(client, 40000), dst: ext(nodeIP, 30080)}.bytes()
+		copy(b, dst)
+		return b
+	}
+	// The test runs the program on lo (ifindex 1).
+	port := nodeportBridgePort{MacHi: binary.NativeEndian.Uint32(bridgeMAC[:4]), MacLo: binary.NativeEndian.Uint16(bridgeMAC[4:])}
+	if err := syncBridgePorts(e.objs.WeftBridgePorts, map[uint32]nodeportBridgePort{1: port}); err != nil {
+		t.Fatal(err)
+	}
+	if got := parsePacket(t, second(e.run(e.objs.WeftNodeportPort, frame(bridgeMAC)))); got.dst != ext(podX, 80) {
+		t.Fatalf("a frame to the bridge went to %s, want the backend", got.dst)
+	}
+	for _, dst := range [][]byte{{0x02, 0x77, 0x65, 0x66, 0x74, 0x02}, {0x02, 0x77, 0x65, 0x66, 0x75, 0x01}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff}} {
+		in := frame(dst)
+		if verdict, out := e.run(e.objs.WeftNodeportPort, in); verdict != actOK || !bytes.Equal(out, in) {
+			t.Fatalf("a frame to %x, not the bridge: verdict %d, changed %v", dst, verdict, !bytes.Equal(out, in))
+		}
+	}
+	if err := syncBridgePorts(e.objs.WeftBridgePorts, nil); err != nil {
+		t.Fatal(err)
+	}
+	if in := frame(bridgeMAC); !bytes.Equal(second(e.run(e.objs.WeftNodeportPort, in)), in) {
+		t.Fatal("a frame of a port no longer in the map was translated")
+	}
+}

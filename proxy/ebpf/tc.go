@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -50,22 +51,60 @@ func tcPinName(idx int, egress bool) string {
 
 // devicePrograms returns the program each side of each uplink should run:
 // weft_nodeport on the ingress (DNAT toward a backend), weft_reply on the
-// egress (the replies, after conntrack, back to the frontend).
-func (b *Backend) devicePrograms() map[tcHook]*ebpf.Program {
-	want := map[tcHook]*ebpf.Program{}
+// egress (the replies, after conntrack, back to the frontend). An uplink
+// that is a Linux bridge runs weft_nodeport_port on the ingress of each
+// of its ports instead (see bpf/nodeport.c); ports maps each such port's
+// ifindex to the bridge's MAC address. An uplink that does not exist is
+// an error.
+func (b *Backend) devicePrograms() (want map[tcHook]*ebpf.Program, ports map[uint32]nodeportBridgePort, err error) {
+	want, ports = map[tcHook]*ebpf.Program{}, map[uint32]nodeportBridgePort{}
+	var errs []error
+	var all []netlink.Link
 	for _, d := range b.uplinks {
-		want[tcHook{d, false}] = b.np.WeftNodeport
+		l, err := netlink.LinkByName(d)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("device %s: %w", d, err))
+			continue
+		}
 		want[tcHook{d, true}] = b.np.WeftReply
+		if _, ok := l.(*netlink.Bridge); !ok {
+			want[tcHook{d, false}] = b.np.WeftNodeport
+			continue
+		}
+		if all == nil {
+			if all, err = netlink.LinkList(); err != nil {
+				return nil, nil, fmt.Errorf("listing links for the ports of bridge %s: %w", d, err)
+			}
+		}
+		mac := l.Attrs().HardwareAddr
+		if len(mac) != 6 {
+			errs = append(errs, fmt.Errorf("bridge %s: MAC address %q is not 6 bytes", d, mac))
+			continue
+		}
+		for _, p := range all {
+			if p.Attrs().MasterIndex != l.Attrs().Index {
+				continue
+			}
+			want[tcHook{p.Attrs().Name, false}] = b.np.WeftNodeportPort
+			ports[uint32(p.Attrs().Index)] = nodeportBridgePort{MacHi: binary.NativeEndian.Uint32(mac[:4]), MacLo: binary.NativeEndian.Uint16(mac[4:])}
+		}
 	}
-	return want
+	return want, ports, errors.Join(errs...)
 }
 
 // attachDevices puts the per-packet programs on every uplink side that
 // should run one and does not yet (a device created again since the last
-// sync). An uplink that does not exist is an error.
+// sync, a new port of a bridge uplink), and takes them off the sides that
+// no longer should (a port that left its bridge).
 func (b *Backend) attachDevices() error {
-	var errs []error
-	for h, prog := range b.devicePrograms() {
+	want, ports, err := b.devicePrograms()
+	errs := []error{err}
+	// The ports' map first: a port's program passes every frame of a port
+	// it does not find there.
+	if err := syncBridgePorts(b.np.WeftBridgePorts, ports); err != nil {
+		errs = append(errs, err)
+	}
+	for h, prog := range want {
 		l, err := netlink.LinkByName(h.device)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("device %s: %w", h.device, err))
@@ -85,7 +124,63 @@ func (b *Backend) attachDevices() error {
 		}
 		b.tc[h] = a
 	}
+	for h, a := range b.tc {
+		if _, ok := want[h]; ok {
+			continue
+		}
+		if err := a.detach(h.egress); err != nil {
+			errs = append(errs, fmt.Errorf("taking %s off %s: %w", progName(a.prog), h, err))
+			continue
+		}
+		delete(b.tc, h)
+	}
 	return errors.Join(errs...)
+}
+
+// syncBridgePorts makes m hold ports, and nothing else.
+func syncBridgePorts(m *ebpf.Map, ports map[uint32]nodeportBridgePort) error {
+	var errs []error
+	for idx, p := range ports {
+		if err := m.Put(idx, p); err != nil {
+			errs = append(errs, fmt.Errorf("bridge port %d: %w", idx, err))
+		}
+	}
+	var (
+		idx   uint32
+		p     nodeportBridgePort
+		stale []uint32
+	)
+	for it := m.Iterate(); it.Next(&idx, &p); {
+		if _, ok := ports[idx]; !ok {
+			stale = append(stale, idx)
+		}
+	}
+	for _, idx := range stale {
+		if err := m.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("bridge port %d: %w", idx, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detach takes a's program off its device side: it unpins and closes its
+// tcx link, or deletes its cls_bpf filter. A device already gone took the
+// program with it.
+func (a tcAttached) detach(egress bool) error {
+	if a.link != nil {
+		_ = a.link.Unpin()
+		return a.link.Close()
+	}
+	l, err := netlink.LinkByIndex(a.ifindex)
+	if err != nil {
+		return nil
+	}
+	f := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: clsParent(egress),
+		Handle: clsHandle, Priority: clsPriority, Protocol: unix.ETH_P_ALL}}
+	if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
 }
 
 func progName(p *ebpf.Program) string {

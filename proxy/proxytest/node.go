@@ -4,8 +4,10 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 type Node struct {
 	t       *testing.T
 	Ext     string // the outside host's namespace path
+	Uplink  string // the device holding the node's addresses
 	Pods    map[string]Pod
 	Config  proxy.Config // what proxy.Build gets for this node
 	Backend proxy.Backend
@@ -45,6 +48,13 @@ type Pod struct {
 // environment it prepares). It skips without root or with -short.
 func NewNode(t *testing.T, b Backend, podNames ...string) *Node {
 	t.Helper()
+	return NewNodeOn(t, b, PlainUplink, podNames...)
+}
+
+// NewNodeOn is NewNode with the node's addresses on an uplink of kind k; it
+// skips when the kernel cannot make that kind of link.
+func NewNodeOn(t *testing.T, b Backend, k UplinkKind, podNames ...string) *Node {
+	t.Helper()
 	if testing.Short() || !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root (private network namespace), not -short")
 	}
@@ -58,7 +68,7 @@ func NewNode(t *testing.T, b Backend, podNames ...string) *Node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Ext = outside(t)
+	n.Ext, n.Uplink = outside(t, k)
 	rt := cnitest.NewRuntime(bin, filepath.Join(t.TempDir(), "cache"))
 	list, err := cnitest.Conflist("1.1.0", "pods", map[string]any{"type": "weft", "bridge": Bridge, "mtu": 1500,
 		"ipam": map[string]any{"ranges": [][]map[string]string{{{"subnet": PodCIDR}}, {{"subnet": PodCIDR6}}}, "dataDir": t.TempDir()}})
@@ -114,38 +124,97 @@ func (n *Node) NewBackend() proxy.Backend {
 	return b
 }
 
+// UplinkKind is how the node's link to the outside host carries its
+// addresses.
+type UplinkKind string
+
+// The uplinks the scenarios run on. On every kind the outside host's end
+// is a plain veth (a VLAN's: its VLAN device on that veth).
+const (
+	// PlainUplink: the addresses on the veth itself.
+	PlainUplink UplinkKind = "plain"
+	// BridgedUplink: the veth a port of a Linux bridge holding the
+	// addresses, bridge netfilter on (a hypervisor host's br0).
+	BridgedUplink UplinkKind = "bridge"
+	// BondedUplink: the veth the one slave of an active-backup bond
+	// holding the addresses.
+	BondedUplink UplinkKind = "bond"
+	// VLANUplink: the addresses on VLAN 10 over the veth.
+	VLANUplink UplinkKind = "vlan"
+)
+
 // outside creates the outside host on the node network, routing the
-// service, LoadBalancer and pod ranges via the node.
-func outside(t *testing.T) string {
+// service, externalIP, LoadBalancer and pod ranges via the node, over an
+// uplink of kind k; it returns the host's namespace path and the device
+// holding the node's addresses.
+func outside(t *testing.T, k UplinkKind) (string, string) {
 	t.Helper()
 	path, err := netnsutil.NewNamed("proxytest-ext")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = netnsutil.Delete("proxytest-ext") })
-	for _, args := range [][]string{
-		{"link", "add", "uplink0", "type", "veth", "peer", "name", "eth0", "netns", path},
-		{"addr", "add", NodeIP + "/24", "dev", "uplink0"},
-		{"link", "set", "uplink0", "up"},
-		{"-n", "proxytest-ext", "addr", "add", ExtIP + "/24", "dev", "eth0"},
-		{"-n", "proxytest-ext", "addr", "add", ExtIP2 + "/24", "dev", "eth0"},
-		{"-n", "proxytest-ext", "link", "set", "eth0", "up"},
-		{"-n", "proxytest-ext", "route", "add", SvcCIDR, "via", NodeIP},
-		{"-n", "proxytest-ext", "route", "add", LBIP + "/32", "via", NodeIP},
-		// Nodes have a default route; without one, service traffic from the
-		// node or through it dies at routing before the proxy's rules.
-		{"route", "add", "default", "via", ExtIP},
-		{"-6", "addr", "add", NodeIP6 + "/64", "dev", "uplink0", "nodad"},
-		{"-n", "proxytest-ext", "-6", "addr", "add", ExtIP6 + "/64", "dev", "eth0", "nodad"},
-		{"-n", "proxytest-ext", "-6", "route", "add", SvcCIDR6, "via", NodeIP6},
-		{"-6", "route", "add", "default", "via", ExtIP6},
-	} {
+	ip := func(args ...string) {
+		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			if strings.Contains(string(out), "Unknown device type") {
+				t.Skipf("this kernel cannot make a %s uplink (ip %s: %s); the VM suite runs it", k, strings.Join(args, " "), strings.TrimSpace(string(out)))
+			}
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "uplink0").Run() })
-	return path
+	ip("link", "add", Uplink, "type", "veth", "peer", "name", "eth0", "netns", path)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", Uplink).Run() })
+	dev, extDev := Uplink, "eth0"
+	switch k {
+	case PlainUplink:
+	case BridgedUplink:
+		dev = "upbr0"
+		ip("link", "add", dev, "type", "bridge")
+		ip("link", "set", Uplink, "master", dev)
+		// The kernel's default once br_netfilter is loaded, and what
+		// Kubernetes requires: bridged IP traffic goes through netfilter.
+		for _, f := range []string{"bridge-nf-call-iptables", "bridge-nf-call-ip6tables"} {
+			if err := os.WriteFile("/proc/sys/net/bridge/"+f, []byte("1"), 0o644); err != nil {
+				t.Fatalf("bridge netfilter: %v", err)
+			}
+		}
+	case BondedUplink:
+		dev = "upbond0"
+		ip("link", "add", dev, "type", "bond", "mode", "active-backup")
+		ip("link", "set", Uplink, "master", dev)
+	case VLANUplink:
+		dev, extDev = Uplink+".10", "eth0.10"
+		ip("link", "add", "link", Uplink, "name", dev, "type", "vlan", "id", "10")
+		ip("-n", "proxytest-ext", "link", "add", "link", "eth0", "name", extDev, "type", "vlan", "id", "10")
+		ip("-n", "proxytest-ext", "link", "set", "eth0", "up")
+	default:
+		t.Fatalf("unknown uplink kind %q", k)
+	}
+	if dev != Uplink {
+		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", dev).Run() })
+		ip("link", "set", Uplink, "up")
+	}
+	for _, args := range [][]string{
+		{"addr", "add", NodeIP + "/24", "dev", dev},
+		{"link", "set", dev, "up"},
+		{"-n", "proxytest-ext", "addr", "add", ExtIP + "/24", "dev", extDev},
+		{"-n", "proxytest-ext", "addr", "add", ExtIP2 + "/24", "dev", extDev},
+		{"-n", "proxytest-ext", "link", "set", extDev, "up"},
+		{"-n", "proxytest-ext", "route", "add", SvcCIDR, "via", NodeIP},
+		{"-n", "proxytest-ext", "route", "add", LBIP + "/32", "via", NodeIP},
+		{"-n", "proxytest-ext", "route", "add", ExtIPv4 + "/32", "via", NodeIP},
+		// Nodes have a default route; without one, service traffic from the
+		// node or through it dies at routing before the proxy's rules.
+		{"route", "add", "default", "via", ExtIP},
+		{"-6", "addr", "add", NodeIP6 + "/64", "dev", dev, "nodad"},
+		{"-n", "proxytest-ext", "-6", "addr", "add", ExtIP6 + "/64", "dev", extDev, "nodad"},
+		{"-n", "proxytest-ext", "-6", "route", "add", SvcCIDR6, "via", NodeIP6},
+		{"-6", "route", "add", "default", "via", ExtIP6},
+	} {
+		ip(args...)
+	}
+	return path, dev
 }
 
 // Sync programs the node's Services and EndpointSlices through the backend,

@@ -84,50 +84,7 @@ func services(t *testing.T, b Backend) {
 			t.Fatalf("%+v %v, want b", r, err)
 		}
 	})
-	t.Run("NodePort from outside is masqueraded", func(t *testing.T) {
-		b.Need(t, ExternalTraffic)
-		for i := 0; i < 5; i++ {
-			r, err := n.GetOutside("", "http://"+NodeIP+":30080/")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Pod != "b" && r.Pod != "c" {
-				t.Fatalf("answered by %s, not an endpoint of np", r.Pod)
-			}
-			if r.Client == ExtIP || !strings.HasPrefix(r.Client, "10.244.1.") {
-				t.Fatalf("%s saw %s, want the node's address (SNAT)", r.Pod, r.Client)
-			}
-		}
-	})
-	t.Run("externalTrafficPolicy Local keeps the client address and the local endpoint", func(t *testing.T) {
-		b.Need(t, ExternalTraffic)
-		for i := 0; i < 8; i++ {
-			r, err := n.GetOutside("", "http://"+NodeIP+":30081/")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Pod != "c" || (b.Supports(ClientAddress) && r.Client != ExtIP) {
-				t.Fatalf("%s saw %s, want c seeing %s", r.Pod, r.Client, ExtIP)
-			}
-		}
-	})
-	t.Run("externalTrafficPolicy Local without a local endpoint drops", func(t *testing.T) {
-		b.Need(t, ExternalTraffic)
-		_, err := n.GetOutside("", "http://"+NodeIP+":30082/")
-		if err == nil || strings.Contains(err.Error(), "refused") {
-			t.Fatalf("got %v, want a timeout (dropped)", err)
-		}
-	})
-	t.Run("LoadBalancer IP allowed and blocked by sourceRanges", func(t *testing.T) {
-		b.Need(t, ExternalTraffic)
-		r, err := n.GetOutside(ExtIP, "http://"+LBIP+"/")
-		if err != nil || r.Pod != "b" {
-			t.Fatalf("from %s: %+v %v, want b", ExtIP, r, err)
-		}
-		if r, err := n.GetOutside(ExtIP2, "http://"+LBIP+"/"); err == nil {
-			t.Fatalf("from %s (outside sourceRanges) answered by %s", ExtIP2, r.Pod)
-		}
-	})
+	fromOutside(t, b, n)
 	t.Run("ClientIP affinity sticks", func(t *testing.T) {
 		b.Need(t, Affinity)
 		first := ""
@@ -220,6 +177,76 @@ func services(t *testing.T, b Backend) {
 			}
 		}
 	})
+}
+
+// fromOutside checks the Scenario's NodePorts, externalIP and
+// LoadBalancer IP from the outside host.
+func fromOutside(t *testing.T, b Backend, n *Node) {
+	t.Run("NodePort from outside is masqueraded", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		for i := 0; i < 5; i++ {
+			r, err := n.GetOutside("", "http://"+NodeIP+":30080/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Pod != "b" && r.Pod != "c" {
+				t.Fatalf("answered by %s, not an endpoint of np", r.Pod)
+			}
+			if r.Client == ExtIP || !strings.HasPrefix(r.Client, "10.244.1.") {
+				t.Fatalf("%s saw %s, want the node's address (SNAT)", r.Pod, r.Client)
+			}
+		}
+	})
+	t.Run("externalTrafficPolicy Local keeps the client address and the local endpoint", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		for i := 0; i < 8; i++ {
+			r, err := n.GetOutside("", "http://"+NodeIP+":30081/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Pod != "c" || (b.Supports(ClientAddress) && r.Client != ExtIP) {
+				t.Fatalf("%s saw %s, want c seeing %s", r.Pod, r.Client, ExtIP)
+			}
+		}
+	})
+	t.Run("externalTrafficPolicy Local without a local endpoint drops", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		_, err := n.GetOutside("", "http://"+NodeIP+":30082/")
+		if err == nil || strings.Contains(err.Error(), "refused") {
+			t.Fatalf("got %v, want a timeout (dropped)", err)
+		}
+	})
+	t.Run("externalIP from outside", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		r, err := n.GetOutside("", "http://"+ExtIPv4+"/")
+		if err != nil || r.Pod != "b" {
+			t.Fatalf("%+v %v, want b", r, err)
+		}
+	})
+	t.Run("LoadBalancer IP allowed and blocked by sourceRanges", func(t *testing.T) {
+		b.Need(t, ExternalTraffic)
+		r, err := n.GetOutside(ExtIP, "http://"+LBIP+"/")
+		if err != nil || r.Pod != "b" {
+			t.Fatalf("from %s: %+v %v, want b", ExtIP, r, err)
+		}
+		if r, err := n.GetOutside(ExtIP2, "http://"+LBIP+"/"); err == nil {
+			t.Fatalf("from %s (outside sourceRanges) answered by %s", ExtIP2, r.Pod)
+		}
+	})
+}
+
+// uplinks: the Scenario's traffic from outside works when the node's
+// addresses are on a bridge (bridge netfilter on), a bond or a VLAN device
+// rather than on the link itself.
+func uplinks(t *testing.T, b Backend) {
+	for _, k := range []UplinkKind{BridgedUplink, BondedUplink, VLANUplink} {
+		t.Run(string(k), func(t *testing.T) {
+			n := NewNodeOn(t, b, k, "a", "b", "c")
+			n.Svcs, n.Slices = Scenario()
+			n.Sync()
+			fromOutside(t, b, n)
+		})
+	}
 }
 
 // dualStack: a dual-stack Service answers on its IPv6 ClusterIP from a pod

@@ -92,6 +92,7 @@ type scenario struct {
 var scenarios = []scenario{
 	{"Services", services},
 	{"DualStack", dualStack},
+	{"Uplinks", uplinks},
 	{"RestartUnderOpenConnection", restart},
 	{"UDPBackendReplaced", udpBackendReplaced},
 	{"UDPTargetPortChanged", udpTargetPortChanged},

@@ -31,6 +31,10 @@ var suites = []struct{ name, pkg, run, skip string }{
 	// documents that such sockets then stay on the removed backend until
 	// the client closes them.
 	{"ebpf", "./proxy/ebpf", "TestScenarios", "TestScenarios/^(UDPBackendReplaced|UDPTargetPortChanged)$"},
+	// The other backends run the whole table on the host, but for the
+	// bonded and VLAN uplinks: that kernel cannot make those links.
+	{"nftables", "./proxy/nftables", "TestScenarios/Uplinks", ""},
+	{"userspace", "./proxy/userspace", "TestScenarios/.*/Uplinks", ""},
 }
 
 // bootTimeout bounds one boot: a hung guest fails the test with its console.
@@ -63,10 +67,11 @@ func TestVM(t *testing.T) {
 			"/etc/protocols": "/etc/protocols", "/etc/services": "/etc/services"},
 		Env: map[string]string{"WEFT_CNI_PATH": "/weft/cni"},
 		// Networking and netfilter (IPVS among them), the virtual links the
-		// tests make, and the VM's entropy source.
+		// tests make (bonds and VLANs for the uplink scenarios, which this
+		// machine's kernel cannot make), and the VM's entropy source.
 		ModuleDirs: []string{"kernel/net", "kernel/drivers/net/veth.ko", "kernel/drivers/net/dummy.ko",
-			"kernel/drivers/char/hw_random"},
-		Load: []string{"virtio-rng", "veth", "dummy", "bridge", "br_netfilter", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_sh", "ip_vs_mh",
+			"kernel/drivers/net/bonding", "kernel/drivers/char/hw_random"},
+		Load: []string{"virtio-rng", "veth", "dummy", "bridge", "br_netfilter", "bonding", "8021q", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_sh", "ip_vs_mh",
 			"nf_tables", "nf_conntrack", "nf_nat"},
 	}
 	// WEFT_VM_SUITES (comma-separated names) and WEFT_VM_RUN (a -run

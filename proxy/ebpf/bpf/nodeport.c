@@ -31,6 +31,15 @@
 //     swap and the master entry's) takes a slot of its active list.
 // Not handled here (passed to the stack untouched): fragments, IPv6
 // extension headers, protocols other than TCP and UDP.
+//
+// A node whose address is on a Linux bridge (its NIC a port of br0):
+// with bridge netfilter on, conntrack sees a frame at the bridge's
+// netfilter hook, before the bridge device's ingress; a translation there
+// would leave conntrack with the frontend's tuple, and the masquerade of
+// eTP Cluster would never be undone on the replies. So on such a node
+// weft_nodeport_port runs on the ingress of the bridge's ports instead,
+// translating frames addressed to the bridge itself (bridge_ports: port
+// -> the bridge's MAC address), and weft_reply on the bridge's egress.
 
 #include "lb.h"
 #include <linux/if_ether.h>
@@ -113,6 +122,20 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weft_src_ranges SEC(".maps");
+
+struct bridge_port {
+	__u32 mac_hi; // the bridge's MAC address, bytes 0-3
+	__u16 mac_lo; // bytes 4-5
+	__u16 pad;
+};
+
+// Not pinned: each proxy fills its own at start, before attaching.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); // the port's ifindex
+	__type(value, struct bridge_port);
+	__uint(max_entries, 1024);
+} weft_bridge_ports SEC(".maps");
 
 // pkt is a parsed TCP or UDP packet.
 struct pkt {
@@ -414,8 +437,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 	return TC_ACT_OK;
 }
 
-SEC("tc")
-int weft_nodeport(struct __sk_buff *skb)
+static __always_inline int nodeport(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	int verdict;
@@ -424,6 +446,27 @@ int weft_nodeport(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	verdict = forward(skb, &p);
 	return verdict == NOT_MINE ? TC_ACT_OK : verdict;
+}
+
+SEC("tc")
+int weft_nodeport(struct __sk_buff *skb)
+{
+	return nodeport(skb);
+}
+
+SEC("tc")
+int weft_nodeport_port(struct __sk_buff *skb)
+{
+	__u32 idx = skb->ifindex;
+	struct bridge_port *bp = bpf_map_lookup_elem(&weft_bridge_ports, &idx);
+	struct bridge_port dst = {};
+
+	// Frames the bridge forwards to another host, or floods, are not
+	// the node's: they pass untouched.
+	if (!bp || bpf_skb_load_bytes(skb, 0, &dst.mac_hi, 4) < 0 || bpf_skb_load_bytes(skb, 4, &dst.mac_lo, 2) < 0 ||
+	    dst.mac_hi != bp->mac_hi || dst.mac_lo != bp->mac_lo)
+		return TC_ACT_OK;
+	return nodeport(skb);
 }
 
 SEC("tc")
