@@ -36,6 +36,7 @@ type Metrics struct {
 	lastSync     prometheus.Gauge
 	syncErrors   prometheus.Counter
 	servicePorts prometheus.Gauge
+	resets       *prometheus.CounterVec
 }
 
 // NewMetrics registers the proxy's metrics in a registry of their own.
@@ -62,8 +63,12 @@ func NewMetrics() *Metrics {
 		servicePorts: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weft_proxy_service_ports", Help: "Service ports in the last synced state",
 		}),
+		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_proxy_connections_reset_total",
+			Help: "TCP connections to endpoints that left their Service, by result: reset at the client, unanswered (the client did not answer), unreachable (the client is on the node itself)",
+		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.syncDuration, m.syncFull, m.syncPartial, m.programming, m.lastSync, m.syncErrors, m.servicePorts)
+	m.Registry.MustRegister(m.syncDuration, m.syncFull, m.syncPartial, m.programming, m.lastSync, m.syncErrors, m.servicePorts, m.resets)
 	return m
 }
 
@@ -85,6 +90,13 @@ func (m *Metrics) observeSync(start time.Time, full bool) {
 	} else {
 		m.syncPartial.Observe(d)
 	}
+}
+
+// observeReset counts one reset's connections by result.
+func (m *Metrics) observeReset(r ResetResult) {
+	m.resets.WithLabelValues("reset").Add(float64(r.Reset))
+	m.resets.WithLabelValues("unanswered").Add(float64(r.Unanswered))
+	m.resets.WithLabelValues("unreachable").Add(float64(r.Unreachable))
 }
 
 // Handler serves the metrics in the Prometheus text format.

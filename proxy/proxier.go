@@ -41,6 +41,9 @@ type Options struct {
 	Health *healthcheck.Server
 	// FlushUDP deletes stale UDP conntrack entries; nil disables it.
 	FlushUDP func(StaleUDP) error
+	// ResetTCP resets the TCP connections to endpoints that left their
+	// Service (drain.go); nil: the backend cannot.
+	ResetTCP func([]GoneEndpoint) ResetResult
 }
 
 // Proxier ties the tracker, the runner and a backend together.
@@ -69,6 +72,10 @@ type Proxier struct {
 	healthPorts map[model.ServicePortName]bool
 	everSynced  bool
 	lastSyncOK  atomic.Int64
+	// Resets of gone endpoints run off the sync loop (one waits for its
+	// clients' answers), one at a time (resetMu); Run waits for them.
+	resetMu sync.Mutex
+	resetWG sync.WaitGroup
 }
 
 // New returns a proxier; feed it events, then Run it.
@@ -141,6 +148,7 @@ func (p *Proxier) Run(ctx context.Context) {
 	if p.opts.Health != nil {
 		defer p.opts.Health.Close() // the node ports are free again once Run returns
 	}
+	defer p.resetWG.Wait()
 	select {
 	case <-ctx.Done():
 		return
@@ -168,7 +176,7 @@ func (p *Proxier) sync(_ context.Context, full bool) error {
 
 	st, errs := p.tracker.Snapshot()
 	for _, e := range errs {
-		p.opts.Log.Warn("skipping invalid object", "kind", e.Kind, "key", e.Key, "field", e.Field, "err", e.Err)
+		p.opts.Log.Warn("invalid object (see err for what is left out)", "kind", e.Kind, "key", e.Key, "field", e.Field, "err", e.Err)
 	}
 	for name, prior := range st.Delta.Changed {
 		if _, ok := p.unflushed[name]; !ok {
@@ -200,6 +208,11 @@ func (p *Proxier) sync(_ context.Context, full bool) error {
 	p.syncHealth(st)
 	if p.everSynced {
 		p.flushConntrack(st, p.unflushed)
+		if p.opts.ResetTCP != nil {
+			if gone := goneEndpoints(st, p.unflushed); len(gone) > 0 {
+				p.queueReset(gone)
+			}
+		}
 	}
 	clear(p.unflushed)
 	p.everSynced = true
@@ -271,6 +284,30 @@ func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortNa
 			}
 		}
 	}
+}
+
+// queueReset resets the connections to gone endpoints in the background,
+// after any reset still running, counting and logging what it did.
+func (p *Proxier) queueReset(gone []GoneEndpoint) {
+	p.resetWG.Add(1)
+	go func() {
+		defer p.resetWG.Done()
+		p.resetMu.Lock()
+		defer p.resetMu.Unlock()
+		res := p.opts.ResetTCP(gone)
+		p.metrics.observeReset(res)
+		eps := make([]string, len(gone))
+		for i, g := range gone {
+			eps[i] = g.Service.String() + " " + g.Endpoint.String()
+		}
+		if res.Reset+res.Unanswered+res.Unreachable > 0 {
+			p.opts.Log.Info("reset the connections of removed endpoints", "endpoints", eps,
+				"reset", res.Reset, "unanswered", res.Unanswered, "unreachable", res.Unreachable)
+		}
+		if res.Err != nil {
+			p.opts.Log.Warn("resetting the connections of removed endpoints", "endpoints", eps, "err", res.Err)
+		}
+	}()
 }
 
 // usableEndpoints is the set of addresses and ports traffic may go to.

@@ -3,15 +3,19 @@ package proxy
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weftnet/weft/internal/tcpreset"
 	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/healthcheck"
 	"github.com/weftnet/weft/proxy/iptables"
 	"github.com/weftnet/weft/proxy/ipvs"
+	"github.com/weftnet/weft/proxy/model"
 	"github.com/weftnet/weft/proxy/nftables"
 	"github.com/weftnet/weft/proxy/userspace"
 )
@@ -131,6 +135,30 @@ func Build(c Config) (*Proxier, Backend, error) {
 	}
 	o := Options{NodeName: c.NodeName, Zone: c.Zone, MinSyncPeriod: c.MinSyncPeriod, SyncPeriod: c.SyncPeriod,
 		Log: c.Log, FlushUDP: flushUDP}
+	switch eb := b.(type) {
+	case *ebpf.Backend:
+		// The backend knows its connections: no conntrack entry shows the
+		// Service a socket translated at connect time went through.
+		o.ResetTCP = func(gone []GoneEndpoint) ResetResult {
+			flows, err := ebpfFlows(eb, gone)
+			return resetFlows(flows, err)
+		}
+	case *userspace.Backend:
+		// The proxy holds both ends of each connection: it resets them.
+		o.ResetTCP = func(gone []GoneEndpoint) ResetResult {
+			type key struct {
+				port model.ServicePortName
+				ep   netip.AddrPort
+			}
+			set := map[key]bool{}
+			for _, g := range gone {
+				set[key{g.Service, g.Endpoint}] = true
+			}
+			return ResetResult{Reset: eb.ResetTCP(func(port model.ServicePortName, ep netip.AddrPort) bool { return set[key{port, ep}] })}
+		}
+	default:
+		o.ResetTCP = resetConntrack
+	}
 	if c.Mode == "userspace" && c.Userspace.Listen.IsValid() {
 		o.FlushUDP = nil // rootless: no conntrack entry is the proxy's
 	}
@@ -158,6 +186,33 @@ func newEBPF(c Config) (*ebpf.Backend, error) {
 	}
 	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin,
 		Devices: c.BPFDevices, Families: c.Families(), MasqueradeBit: c.MasqueradeBit, IPTablesVariant: c.IPTablesVariant})
+}
+
+// ebpfFlows are the TCP connections the eBPF backend translated to gone
+// endpoints through their Services, as their clients see them: a socket
+// the socket programs connected is connected to the backend itself; a
+// flow from outside addresses the frontend.
+func ebpfFlows(b *ebpf.Backend, gone []GoneEndpoint) ([]tcpreset.Flow, error) {
+	byEndpoint := map[netip.AddrPort][]GoneEndpoint{}
+	for _, g := range gone {
+		byEndpoint[g.Endpoint] = append(byEndpoint[g.Endpoint], g)
+	}
+	flows, err := b.TCPFlows(slices.Collect(maps.Keys(byEndpoint)))
+	var out []tcpreset.Flow
+	for _, f := range flows {
+		for _, g := range byEndpoint[f.Backend] {
+			if !g.fronts(f.Frontend) {
+				continue
+			}
+			server := f.Frontend
+			if f.Socket {
+				server = f.Backend
+			}
+			out = append(out, tcpreset.Flow{Client: f.Client, Server: server})
+			break
+		}
+	}
+	return out, err
 }
 
 // newUserspace builds the userspace backend with the node's settings.

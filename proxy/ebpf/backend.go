@@ -59,6 +59,9 @@ type Backend struct {
 	// udp terminates connected UDP sockets of removed backends; nil where
 	// the kernel cannot (weft_ebpf_udp_socket_termination_available 0).
 	udp *udpTerminator
+	// tcp finds the TCP sockets translated to given backends; nil where
+	// the kernel cannot (no TCP iterators).
+	tcp *tcpFlowFinder
 	// failed: the last apply failed, the next one is full.
 	failed bool
 	// synced: a sync attached the programs (start).
@@ -262,6 +265,7 @@ func (b *Backend) prepare() error {
 	}
 	var np nodeportObjects
 	var udp *udpTerminator
+	var tcp *tcpFlowFinder
 	loaded := false
 	defer func() {
 		if loaded {
@@ -269,6 +273,9 @@ func (b *Backend) prepare() error {
 		}
 		if udp != nil {
 			udp.close()
+		}
+		if tcp != nil {
+			tcp.close()
 		}
 		_ = objs.Close()
 		_ = np.Close()
@@ -283,6 +290,10 @@ func (b *Backend) prepare() error {
 	if udpErr != nil && !errors.Is(udpErr, ebpf.ErrNotSupported) && !errors.Is(udpErr, btf.ErrNotFound) {
 		return udpErr
 	}
+	tcp, tcpErr := loadTCPFlowFinder(b.cfg.PinPath, b.cfg.CgroupRoot)
+	if tcpErr != nil && !errors.Is(tcpErr, ebpf.ErrNotSupported) && !errors.Is(tcpErr, btf.ErrNotFound) {
+		return tcpErr
+	}
 	w := newWriter(writerMaps{services: objs.WeftServices, backends: objs.WeftBackends, members: objs.WeftAffinityMembers,
 		ranges: np.WeftSrcRanges, maglev: np.WeftMaglev})
 	if err := w.load(); err != nil {
@@ -292,7 +303,7 @@ func (b *Backend) prepare() error {
 		return err
 	}
 	loaded = true
-	b.objs, b.np, b.w, b.uplinks, b.udp = &objs, &np, w, uplinks, udp
+	b.objs, b.np, b.w, b.uplinks, b.udp, b.tcp = &objs, &np, w, uplinks, udp, tcp
 	return nil
 }
 
@@ -377,6 +388,10 @@ func (b *Backend) Cleanup() error {
 	if b.udp != nil {
 		b.udp.close()
 		b.udp = nil
+	}
+	if b.tcp != nil {
+		b.tcp.close()
+		b.tcp = nil
 	}
 	for _, h := range hooks {
 		path := filepath.Join(b.cfg.PinPath, "link_"+h.name)

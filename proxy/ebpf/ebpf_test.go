@@ -40,6 +40,9 @@ var backend = proxytest.Backend{
 	// backend leaves, the socket is destroyed (bpf/udpdestroy.c).
 	TerminatesUDP: true,
 	Outside:       outsideGet,
+	OutsideDialer: func(ns string) func(context.Context, string, string) (net.Conn, error) {
+		return netnsutil.CgroupDialer(ns, outsideCgroup)
+	},
 }
 
 // TestScenarios runs the backend-neutral real-traffic scenario table.

@@ -94,29 +94,36 @@ func (u *udpTerminator) terminateChunk(stale []staleUDP) (int, error) {
 	defer func() {
 		_, _ = u.objs.WeftUdpStale.BatchDelete(keys, nil)
 	}()
-	nets, err := netnsOf(u.cgroup)
-	if err != nil {
-		return 0, err
-	}
 	n := 0
+	err := readIter(u.iter, u.cgroup, func(out []byte) { n += len(out) / 8 }) // a cookie per socket destroyed
+	return n, err
+}
+
+// readIter runs the socket iterator it in every network namespace of the
+// cgroup's threads and hands each namespace's output to each.
+func readIter(it *link.Iter, cgroup string, each func(out []byte)) error {
+	nets, err := netnsOf(cgroup)
+	if err != nil {
+		return err
+	}
 	var errs []error
 	for _, path := range nets {
 		err := netnsutil.Do(path, func() error {
 			// The iterator walks the namespace it is opened in.
-			r, err := u.iter.Open()
+			r, err := it.Open()
 			if err != nil {
 				return err
 			}
 			defer r.Close()
 			out, err := io.ReadAll(r)
-			n += len(out) / 8 // a cookie per socket destroyed
+			each(out)
 			return err
 		})
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", path, err))
 		}
 	}
-	return n, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // netnsOf returns a path to each network namespace a thread of the cgroup

@@ -20,6 +20,7 @@ func (p *ServicePort) Equal(q *ServicePort) bool {
 		p.InternalPolicyLocal == q.InternalPolicyLocal &&
 		p.HealthCheckNodePort == q.HealthCheckNodePort &&
 		p.AffinitySeconds == q.AffinitySeconds &&
+		p.KeepConnections == q.KeepConnections &&
 		p.PreferClose == q.PreferClose &&
 		p.PreferSameNode == q.PreferSameNode
 }

@@ -35,6 +35,26 @@ const (
 	LabelHeadless         = "service.kubernetes.io/headless"
 )
 
+// AnnotationResetConnections, "false" on a Service, keeps the TCP
+// connections to an endpoint that leaves it: by default the proxy resets
+// them at their clients (see proxy.GoneEndpoint).
+const AnnotationResetConnections = "weft.dev/reset-connections"
+
+// keepConnections reads AnnotationResetConnections; a value other than
+// "true" or "false" is reported and ignored (connections are reset).
+func keepConnections(svc *corev1.Service, r *reporter) bool {
+	v, ok := svc.Annotations[AnnotationResetConnections]
+	switch {
+	case !ok || v == "true":
+		return false
+	case v == "false":
+		return true
+	}
+	r.add("metadata.annotations["+AnnotationResetConnections+"]",
+		fmt.Errorf("%q is neither \"true\" nor \"false\": ignored, connections to removed endpoints are reset: %w", v, ErrInvalid))
+	return false
+}
+
 // notProxied reports whether an object's labels take it away from weft.
 func notProxied(labels map[string]string) bool {
 	_, other := labels[LabelServiceProxyName]
@@ -77,6 +97,7 @@ func servicePorts(svc *corev1.Service) ([]*ServicePort, []ObjectError) {
 		ExternalPolicyLocal: externallyAccessible(svc) && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal,
 		InternalPolicyLocal: svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		AffinitySeconds:     affinity,
+		KeepConnections:     keepConnections(svc, r),
 	}
 	if td := svc.Spec.TrafficDistribution; td != nil {
 		switch *td {

@@ -113,6 +113,23 @@ func TestBuildService(t *testing.T) {
 		{name: "bad source range fails closed", mods: mods(withType(corev1.ServiceTypeLoadBalancer), spec(func(s *corev1.ServiceSpec) {
 			s.LoadBalancerSourceRanges = []string{"10.0.0.0/8", "10.0.0.0/33", "10.0.0.0"}
 		})), errs: fields("spec.loadBalancerSourceRanges[1]", "spec.loadBalancerSourceRanges[2]")},
+		{name: "connections kept", mods: mods(func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationResetConnections: "false"} }),
+			ports: []string{"http"}, check: func(t *testing.T, ps []*ServicePort) {
+				if !ps[0].KeepConnections {
+					t.Error("KeepConnections false with the annotation false")
+				}
+			}},
+		{name: "connections reset by default", ports: []string{"http"}, check: func(t *testing.T, ps []*ServicePort) {
+			if ps[0].KeepConnections {
+				t.Error("KeepConnections true without the annotation")
+			}
+		}},
+		{name: "unknown reset annotation ignored", mods: mods(func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationResetConnections: "maybe"} }),
+			errs: fields("metadata.annotations[" + AnnotationResetConnections + "]"), ports: []string{"http"}, check: func(t *testing.T, ps []*ServicePort) {
+				if ps[0].KeepConnections {
+					t.Error("KeepConnections true with an unknown value")
+				}
+			}},
 		{name: "affinity default", mods: mods(spec(func(s *corev1.ServiceSpec) { s.SessionAffinity = corev1.ServiceAffinityClientIP })),
 			ports: []string{"http"}, check: func(t *testing.T, ps []*ServicePort) {
 				if ps[0].AffinitySeconds != DefaultAffinitySeconds {

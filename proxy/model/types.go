@@ -44,6 +44,9 @@ type ServicePort struct {
 	HealthCheckNodePort uint16         // set when ExternalPolicyLocal
 	// AffinitySeconds is the ClientIP session affinity timeout; 0 means none.
 	AffinitySeconds int
+	// KeepConnections: the Service opts out of the reset of the TCP
+	// connections to its removed endpoints (AnnotationResetConnections).
+	KeepConnections bool
 	// PreferClose is trafficDistribution: PreferClose (zone hints used).
 	PreferClose bool
 	// PreferSameNode is trafficDistribution: PreferSameNode (node hints

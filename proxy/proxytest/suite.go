@@ -1,6 +1,8 @@
 package proxytest
 
 import (
+	"context"
+	"net"
 	"testing"
 
 	"github.com/weftnet/weft/lab/workload"
@@ -48,6 +50,9 @@ type Backend struct {
 	// sockets are not outside sockets (the eBPF backend translates every
 	// socket of the test's cgroup: it runs the client elsewhere).
 	Outside func(ns, src, url string) (workload.Reply, error)
+	// OutsideDialer, when not nil, is how a client of the outside host's
+	// namespace ns dials, for the same reason (nil: netnsutil.Dialer).
+	OutsideDialer func(ns string) func(ctx context.Context, network, addr string) (net.Conn, error)
 	// TerminatesUDP: the backend terminates a connected UDP socket whose
 	// backend was removed, rather than moving it to a new backend (the
 	// eBPF backend connects the socket to the backend itself; the NAT
@@ -97,4 +102,5 @@ var scenarios = []scenario{
 	{"UDPBackendReplaced", udpBackendReplaced},
 	{"UDPTargetPortChanged", udpTargetPortChanged},
 	{"HealthCheckNodePort", healthCheckNodePort},
+	{"ResetOnEndpointRemoval", resetOnRemoval},
 }

@@ -105,9 +105,17 @@ type Backend struct {
 	glued     bool
 	mu        sync.Mutex
 	listeners map[Key]*listener
-	failed    map[Key]failure // listeners that could not be bound
-	conns     map[*net.TCPConn]bool
+	failed    map[Key]failure          // listeners that could not be bound
+	conns     map[*net.TCPConn]proxied // by client connection
 	closed    bool
+}
+
+// proxied is one proxied TCP connection: the client's, the one to the
+// endpoint, and the service port it went through.
+type proxied struct {
+	client, up *net.TCPConn
+	port       model.ServicePortName
+	endpoint   netip.AddrPort
 }
 
 // failure is a listener without a socket, and why.
@@ -122,7 +130,7 @@ type failure struct {
 func New(cfg Config) (*Backend, error) {
 	cfg = cfg.withDefaults()
 	b := &Backend{cfg: cfg, metrics: newMetrics(cfg), now: time.Now,
-		listeners: map[Key]*listener{}, failed: map[Key]failure{}, conns: map[*net.TCPConn]bool{}}
+		listeners: map[Key]*listener{}, failed: map[Key]failure{}, conns: map[*net.TCPConn]proxied{}}
 	b.tcpLimit.max, b.udpLimit.max = int64(cfg.MaxConnections), int64(cfg.MaxUDPSessions)
 	b.localAddrs.Store(&map[netip.Addr]bool{})
 	if cfg.Listen.IsValid() {
@@ -336,14 +344,14 @@ func (b *Backend) Cleanup() error {
 	ls := b.listeners
 	b.listeners = map[Key]*listener{}
 	conns := b.conns
-	b.conns = map[*net.TCPConn]bool{}
+	b.conns = map[*net.TCPConn]proxied{}
 	b.mu.Unlock()
 	for _, l := range ls {
 		l.close()
 	}
-	for c := range conns {
-		_ = c.SetLinger(0)
-		_ = c.Close()
+	for _, p := range conns {
+		reset(p.client)
+		reset(p.up)
 	}
 	if b.glue == nil {
 		return nil
@@ -353,24 +361,39 @@ func (b *Backend) Cleanup() error {
 }
 
 // track and untrack keep the proxied connections, which Cleanup ends.
-func (b *Backend) track(cs ...*net.TCPConn) bool {
+func (b *Backend) track(p proxied) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return false
 	}
-	for _, c := range cs {
-		b.conns[c] = true
-	}
+	b.conns[p.client] = p
 	return true
 }
 
-func (b *Backend) untrack(cs ...*net.TCPConn) {
+func (b *Backend) untrack(p proxied) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, c := range cs {
-		delete(b.conns, c)
+	delete(b.conns, p.client)
+}
+
+// ResetTCP resets, on both sides, the proxied connections to endpoints
+// that left their service port (gone reports which) and returns how many.
+// The client's socket fails with ECONNRESET.
+func (b *Backend) ResetTCP(gone func(port model.ServicePortName, endpoint netip.AddrPort) bool) int {
+	b.mu.Lock()
+	var hit []proxied
+	for _, p := range b.conns {
+		if gone(p.port, p.endpoint) {
+			hit = append(hit, p)
+		}
 	}
+	b.mu.Unlock()
+	for _, p := range hit {
+		reset(p.client)
+		reset(p.up)
+	}
+	return len(hit)
 }
 
 // limiter bounds a count of things (connections, sessions).

@@ -63,12 +63,13 @@ func (l *listener) serveTCP(c *net.TCPConn) {
 		reset(c)
 		return
 	}
-	if !b.track(c, up) {
+	p := proxied{client: c, up: up, port: l.key.Port, endpoint: unmap(addrPort(up.RemoteAddr()))}
+	if !b.track(p) {
 		reset(c)
 		reset(up)
 		return
 	}
-	defer b.untrack(c, up)
+	defer b.untrack(p)
 	b.metrics.connections.Inc()
 	b.metrics.connectionsTotal.Inc()
 	defer b.metrics.connections.Dec()
@@ -103,6 +104,8 @@ func reset(c *net.TCPConn) {
 	_ = c.SetLinger(0)
 	_ = c.Close()
 }
+
+func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
 
 func addrPort(a net.Addr) netip.AddrPort {
 	switch v := a.(type) {

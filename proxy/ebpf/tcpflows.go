@@ -1,0 +1,127 @@
+package ebpf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Flow is a TCP connection weft translated: its client's address and
+// port, the frontend the client addressed and the backend it reached.
+// Socket: the socket programs translated it, so the client's socket is
+// connected to the backend itself (else the per-packet programs did, and
+// the client sees the frontend).
+type Flow struct {
+	Client, Frontend, Backend netip.AddrPort
+	Socket                    bool
+}
+
+// tcpFlowFinder finds the TCP sockets the socket programs connected to
+// given backends (bpf/tcpflows.c), in every network namespace a thread
+// of the node's cgroup is in.
+type tcpFlowFinder struct {
+	objs   tcpflowsObjects
+	iter   *link.Iter
+	cgroup string
+}
+
+// loadTCPFlowFinder loads the iterator, sharing the pinned weft_revnat
+// map of the socket programs under pinPath. A kernel without TCP
+// iterators (Linux < 5.9) gives an error wrapping ebpf.ErrNotSupported.
+func loadTCPFlowFinder(pinPath, cgroup string) (*tcpFlowFinder, error) {
+	f := &tcpFlowFinder{cgroup: cgroup}
+	if err := loadTcpflowsObjects(&f.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinPath}}); err != nil {
+		return nil, fmt.Errorf("loading the TCP socket iterator: %w", err)
+	}
+	it, err := link.AttachIter(link.IterOptions{Program: f.objs.WeftTcpFlows})
+	if err != nil {
+		_ = f.objs.Close()
+		return nil, fmt.Errorf("attaching the TCP socket iterator: %w", err)
+	}
+	f.iter = it
+	return f, nil
+}
+
+func (f *tcpFlowFinder) close() {
+	_ = f.iter.Close()
+	_ = f.objs.Close()
+}
+
+// tcpFlowSize is the size of bpf/tcpflows.c's struct tcp_flow: three
+// 16-byte addresses, three ports and padding.
+const tcpFlowSize = 56
+
+// find returns the open connections weft's socket programs translated to
+// one of backends (at most 65536 at a time, the size of weft_tcp_gone).
+func (f *tcpFlowFinder) find(backends []netip.AddrPort) ([]Flow, error) {
+	if len(backends) > 1<<16 {
+		backends = backends[:1<<16]
+	}
+	keys := make([]tcpflowsTcpGoneKey, len(backends))
+	vals := make([]uint8, len(backends))
+	for i, b := range backends {
+		keys[i] = tcpflowsTcpGoneKey{Addr: toWords(b.Addr()), Port: htons(b.Port())}
+	}
+	if _, err := f.objs.WeftTcpGone.BatchUpdate(keys, vals, nil); err != nil {
+		return nil, fmt.Errorf("writing %d removed TCP backends: %w", len(keys), err)
+	}
+	defer func() { _, _ = f.objs.WeftTcpGone.BatchDelete(keys, nil) }()
+	var out []Flow
+	err := readIter(f.iter, f.cgroup, func(b []byte) {
+		for ; len(b) >= tcpFlowSize; b = b[tcpFlowSize:] {
+			addr := func(off int) netip.Addr {
+				var w [4]uint32
+				for i := range w {
+					w[i] = binary.NativeEndian.Uint32(b[off+4*i:])
+				}
+				return fromWords(w)
+			}
+			port := func(off int) uint16 { return binary.BigEndian.Uint16(b[off:]) }
+			out = append(out, Flow{Client: netip.AddrPortFrom(addr(0), port(48)),
+				Backend: netip.AddrPortFrom(addr(16), port(50)), Frontend: netip.AddrPortFrom(addr(32), port(52)), Socket: true})
+		}
+	})
+	return out, err
+}
+
+// TCPFlows returns the TCP connections weft translated to one of
+// backends: those its socket programs connected (open ones), and those
+// its per-packet programs translated from outside (weft_ct, which holds
+// no TCP state: open ones, and closed ones the LRU map has not evicted).
+func (b *Backend) TCPFlows(backends []netip.AddrPort) ([]Flow, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.np == nil {
+		return nil, nil
+	}
+	want := map[netip.AddrPort]bool{}
+	for _, be := range backends {
+		want[be] = true
+	}
+	var (
+		k   nodeportTuple
+		v   nodeportCtValue
+		out []Flow
+	)
+	it := b.np.WeftCt.Iterate()
+	for it.Next(&k, &v) {
+		be := netip.AddrPortFrom(fromWords(v.Baddr), ntohs(v.Bport))
+		if k.Proto != unix.IPPROTO_TCP || !want[be] {
+			continue
+		}
+		out = append(out, Flow{Client: netip.AddrPortFrom(fromWords(k.Saddr), ntohs(k.Sport)),
+			Frontend: netip.AddrPortFrom(fromWords(k.Daddr), ntohs(k.Dport)), Backend: be})
+	}
+	if err := it.Err(); err != nil {
+		return out, fmt.Errorf("reading weft_ct: %w", err)
+	}
+	if b.tcp == nil {
+		return out, nil
+	}
+	sock, err := b.tcp.find(backends)
+	return append(out, sock...), err
+}

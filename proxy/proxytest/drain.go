@@ -1,0 +1,182 @@
+package proxytest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/testutil"
+	"github.com/weftnet/weft/proxy/model"
+)
+
+// echoConn is a connection to the workload's TCP echo port through a
+// Service, and the pod that answered.
+type echoConn struct {
+	net.Conn
+	r   *bufio.Reader
+	pod string
+}
+
+// dialer dials from a namespace.
+type dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// dialEcho connects to addr with dial, sends a first line and reads the
+// workload's answer ("<pod> saw <ip>").
+func dialEcho(dial dialer, addr string) (*echoConn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c, err := dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	ec := &echoConn{Conn: c, r: bufio.NewReader(c)}
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintln(c, "hello"); err != nil {
+		c.Close()
+		return nil, err
+	}
+	line, err := ec.r.ReadString('\n')
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("the greeting from %s: %w", addr, err)
+	}
+	ec.pod = strings.Fields(line)[0]
+	return ec, nil
+}
+
+// dialTo connects to addr with dial until a connection lands on pod.
+func dialTo(t *testing.T, dial dialer, addr, pod string) *echoConn {
+	t.Helper()
+	for range 50 {
+		c, err := dialEcho(dial, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.pod == pod {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		c.Close()
+	}
+	t.Fatalf("50 connections to %s, none to %s", addr, pod)
+	return nil
+}
+
+// alive checks that c still echoes.
+func (c *echoConn) alive() error {
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintln(c, "ping"); err != nil {
+		return err
+	}
+	_, err := c.r.ReadString('\n')
+	return err
+}
+
+// waitRead starts a read that waits for the server (which sends nothing
+// unasked) and returns what ends it, within limit.
+func (c *echoConn) waitRead(limit time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_ = c.SetReadDeadline(time.Now().Add(limit))
+		_, err := c.r.ReadByte()
+		done <- err
+	}()
+	return done
+}
+
+// resetOnRemoval: drain, then reset. A connection to an endpoint that is
+// terminating but serving keeps working; once the endpoint (cut off
+// without closing anything, as a vanished pod) leaves the Service, the
+// client waiting on it gets ECONNRESET, through a ClusterIP and through a
+// NodePort from outside; a connection to the endpoint that stays is
+// untouched, and so is one through a Service that opted out.
+func resetOnRemoval(t *testing.T, b Backend) {
+	n := NewNode(t, b, "a", "b", "c")
+	p := runProxier(t, n)
+	web := Service("web", "10.96.0.10", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[1].NodePort = 30081
+	})
+	kept := Service("kept", "10.96.0.11", func(s *corev1.Service) {
+		s.Annotations = map[string]string{model.AnnotationResetConnections: "false"}
+	})
+	both := func(svc string) *discoveryv1.EndpointSlice { return Slice(svc, n.Local("a"), n.Local("b")) }
+	webSlice, keptSlice := both("web"), both("kept")
+	p.OnService(nil, web)
+	p.OnService(nil, kept)
+	p.OnEndpointSlice(nil, webSlice)
+	p.OnEndpointSlice(nil, keptSlice)
+	p.OnSynced()
+	testutil.Eventually(t, 10*time.Second, "the first sync", p.Healthy)
+
+	c := netnsutil.Dialer(n.Pods["c"].NS, nil)
+	toA, toB, keptA := dialTo(t, c, "10.96.0.10:81", "a"), dialTo(t, c, "10.96.0.10:81", "b"), dialTo(t, c, "10.96.0.11:81", "a")
+	var outsideA *echoConn
+	if b.Supports(ExternalTraffic) {
+		ext := netnsutil.Dialer(n.Ext, nil)
+		if b.OutsideDialer != nil {
+			ext = b.OutsideDialer(n.Ext)
+		}
+		outsideA = dialTo(t, ext, NodeIP+":30081", "a")
+	}
+
+	// a terminates, still serving: new connections go to b, a's drain.
+	update := func(old **discoveryv1.EndpointSlice, next *discoveryv1.EndpointSlice) {
+		p.OnEndpointSlice(*old, next)
+		*old = next
+	}
+	terminating := func(svc string) *discoveryv1.EndpointSlice {
+		es := both(svc)
+		no, yes := false, true
+		es.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}
+		return es
+	}
+	update(&webSlice, terminating("web"))
+	update(&keptSlice, terminating("kept"))
+	testutil.Eventually(t, 10*time.Second, "new connections to b only", func() bool {
+		for range 5 {
+			if c, err := dialEcho(c, "10.96.0.10:81"); err != nil || c.Close() != nil || c.pod != "b" {
+				return false
+			}
+		}
+		return true
+	})
+	if err := toA.alive(); err != nil {
+		t.Fatalf("a connection to a terminating, serving endpoint: %v", err)
+	}
+
+	// a vanishes without a word, then leaves both Services.
+	if out, err := exec.Command("ip", "-n", "proxytest-a", "link", "set", "eth0", "down").CombinedOutput(); err != nil {
+		t.Fatalf("cutting pod a off: %v: %s", err, out)
+	}
+	waits := map[string]<-chan error{"ClusterIP": toA.waitRead(10 * time.Second), "kept": keptA.waitRead(5 * time.Second)}
+	if outsideA != nil {
+		waits["NodePort from outside"] = outsideA.waitRead(10 * time.Second)
+	}
+	update(&webSlice, Slice("web", n.Local("b")))
+	update(&keptSlice, Slice("kept", n.Local("b")))
+	for name, w := range waits {
+		err := <-w
+		switch {
+		case name == "kept" && !errors.Is(err, os.ErrDeadlineExceeded):
+			t.Errorf("through the Service that keeps its connections: %v, want the connection left alone (read deadline)", err)
+		case name != "kept" && !errors.Is(err, syscall.ECONNRESET):
+			t.Errorf("%s, to the removed endpoint: the client's read ended with %v, want ECONNRESET", name, err)
+		}
+	}
+	if err := toB.alive(); err != nil {
+		t.Fatalf("a connection to the endpoint that stays: %v", err)
+	}
+}
