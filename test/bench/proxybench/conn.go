@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -70,33 +71,39 @@ type connResult struct {
 // and of the client's CPU time.
 type connRate struct{ wall, cpu float64 }
 
-// seedConnTarget creates the conn-target Service and its EndpointSlice.
-func seedConnTarget(ctx context.Context, c kubernetes.Interface) (string, error) {
+// seedTarget creates a Service name (port 80, TCP) and its EndpointSlice
+// (targetSlice) and returns its ClusterIP.
+func seedTarget(ctx context.Context, c kubernetes.Interface, name string, port int32, server netip.Addr) (string, error) {
 	if err := benchlab.EnsureNamespace(ctx, c, benchNS); err != nil {
 		return "", err
 	}
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: connSvc}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP,
-		Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(connPort)}}}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP,
+		Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(port)}}}}
 	created, err := c.CoreV1().Services(benchNS).Create(ctx, svc, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		created, err = c.CoreV1().Services(benchNS).Get(ctx, connSvc, metav1.GetOptions{})
+		created, err = c.CoreV1().Services(benchNS).Get(ctx, name, metav1.GetOptions{})
 	}
 	if err != nil {
-		return "", fmt.Errorf("creating %s: %w", connSvc, err)
+		return "", fmt.Errorf("creating %s: %w", name, err)
 	}
-	ready, name, proto, port, node := true, "tcp", corev1.ProtocolTCP, int32(connPort), nodeName
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: connSvc + "-bench", Labels: map[string]string{
-			discoveryv1.LabelServiceName: connSvc, discoveryv1.LabelManagedBy: "proxybench.weft.dev"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{connServer.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: &ready}, NodeName: &node}},
-	}
-	if _, err := c.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("creating %s's EndpointSlice: %w", connSvc, err)
+	if _, err := c.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, targetSlice(name, port, server), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("creating %s's EndpointSlice: %w", name, err)
 	}
 	return created.Spec.ClusterIP, nil
+}
+
+// targetSlice is the EndpointSlice of Service name: server, ready, on
+// the bench's node, at port.
+func targetSlice(name string, port int32, server netip.Addr) *discoveryv1.EndpointSlice {
+	ready, portName, proto, node := true, "tcp", corev1.ProtocolTCP, nodeName
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-bench", Labels: map[string]string{
+			discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "proxybench.weft.dev"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{server.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready}, NodeName: &node}},
+	}
 }
 
 // connRates measures the connection rates in box b, whose proxy has
@@ -110,7 +117,7 @@ func (e *env) connRates(ctx context.Context, b *box) connResult {
 	if err != nil {
 		return connResult{err: err}
 	}
-	stop, err := startConnServer(server)
+	stop, err := startServer(server, "server")
 	if err != nil {
 		return connResult{err: err}
 	}
@@ -152,23 +159,10 @@ func medianOf(v []float64) float64 {
 // times, for d to each address in turn. It returns the rates of every
 // round, per address.
 func (e *env) connRun(ns string, addrs []string, d time.Duration, rounds int) ([][]connRate, error) {
-	cg, err := os.Open(e.ebpf.cgroup)
-	if err != nil {
-		return nil, err
-	}
-	defer cg.Close()
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(self)
-	// No asynchronous preemption: fewer signals interrupting connect().
-	cmd.Env = []string{fmt.Sprintf("%s=%s;%d;%d", connEnv, strings.Join(addrs, ","), d, rounds), "GODEBUG=asyncpreemptoff=1"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
 	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := netnsutil.Do(ns, cmd.Start); err != nil {
-		return nil, fmt.Errorf("starting the client: %w", err)
+	cmd, err := e.startClient(ns, fmt.Sprintf("%s;%d;%d", strings.Join(addrs, ","), d, rounds), &out, &errb)
+	if err != nil {
+		return nil, err
 	}
 	if err := cmd.Wait(); err != nil {
 		return nil, fmt.Errorf("client: %w: %s", err, strings.TrimSpace(errb.String()))
@@ -190,15 +184,38 @@ func (e *env) connRun(ns string, addrs []string, d time.Duration, rounds int) ([
 	return rates, nil
 }
 
-// startConnServer starts the server process in the server pod (namespace
-// path ns) and waits until it listens; stop ends it.
-func startConnServer(ns string) (stop func(), err error) {
+// startClient starts this program as a client process (connEnv=spec) in
+// the pod at ns and in the bench's cgroup, writing to stdout and stderr.
+func (e *env) startClient(ns, spec string, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	cg, err := os.Open(e.ebpf.cgroup)
+	if err != nil {
+		return nil, err
+	}
+	defer cg.Close()
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(self)
-	cmd.Env = []string{connEnv + "=server", "GODEBUG=asyncpreemptoff=1"}
+	// No asynchronous preemption: fewer signals interrupting connect().
+	cmd.Env = []string{connEnv + "=" + spec, "GODEBUG=asyncpreemptoff=1"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := netnsutil.Do(ns, cmd.Start); err != nil {
+		return nil, fmt.Errorf("starting the client: %w", err)
+	}
+	return cmd, nil
+}
+
+// startServer starts the server process (connEnv=mode) in the server
+// pod (namespace path ns) and waits until it listens; stop ends it.
+func startServer(ns, mode string) (stop func(), err error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self)
+	cmd.Env = []string{connEnv + "=" + mode, "GODEBUG=asyncpreemptoff=1"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()

@@ -19,11 +19,13 @@
 //     EndpointSlice controller would;
 //   - peak memory: VmHWM of the proxy process after the changes;
 //   - with -conn, the data path: the TCP connection rate from a pod to a
-//     ClusterIP against the same pod dialled directly (conn.go).
+//     ClusterIP against the same pod dialled directly (conn.go);
+//   - with -reset, the time from an endpoint's removal until its clients'
+//     connections are reset (reset.go).
 //
 // Usage:
 //
-//	go run ./test/bench/proxybench [-services 1000,5000] [-endpoints 10] [-timeout 400s] [-proxies ...] [-conn] [-baseline NAME@LABEL=DIR,...]
+//	go run ./test/bench/proxybench [-services 1000,5000] [-endpoints 10] [-timeout 400s] [-proxies ...] [-conn] [-reset] [-baseline NAME@LABEL=DIR,...]
 //
 // -baseline NAME@LABEL=DIR,... measures the weft proxy NAME again with
 // DIR/weft-proxy (another build, e.g. the commit before a change) on the
@@ -59,7 +61,12 @@ func main() {
 	case "":
 	case "server":
 		os.Exit(connServerMain())
+	case "reset-server":
+		os.Exit(resetServerMain())
 	default:
+		if strings.HasPrefix(spec, "reset-client;") {
+			os.Exit(resetClientMain(spec))
+		}
 		os.Exit(connClientMain(spec))
 	}
 	sizes := flag.String("services", "1000,5000", "comma-separated numbers of Services to measure at (cumulative)")
@@ -67,6 +74,7 @@ func main() {
 	timeout := flag.Duration("timeout", 400*time.Second, "cap on each measurement (from scratch, and each change)")
 	proxies := flag.String("proxies", "weft,weft-nftables,weft-ebpf,kp-iptables,kp-nftables", "which proxies to measure")
 	conn := flag.Bool("conn", false, "also measure the TCP connection rate from a pod to a ClusterIP and to the pod directly")
+	reset := flag.Bool("reset", false, "also measure the time from an endpoint's removal to the reset of its clients' connections")
 	bin := flag.String("bin", "bin", "directory with weft-proxy, kube-proxy, kube-apiserver, kube-controller-manager, weftctl, weft-agent")
 	baseline := flag.String("baseline", "", "other builds of weft-proxy, comma-separated NAME@LABEL=DIR: the weft proxy NAME (one of -proxies) is measured with DIR/weft-proxy too, as NAME@LABEL, in the same run")
 	flag.Parse()
@@ -107,11 +115,11 @@ func main() {
 				columns = slices.Insert(columns, slices.Index(columns, of)+1, name)
 			}
 		}
-		return run(ctx, binDir, ns, subs, *perSvc, *timeout, *conn)
+		return run(ctx, binDir, ns, subs, *perSvc, *timeout, *conn, *reset)
 	})
 }
 
-func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc int, timeout time.Duration, conn bool) error {
+func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc int, timeout time.Duration, conn, reset bool) error {
 	logDir, err := os.MkdirTemp("", "proxybench-logs")
 	if err != nil {
 		return err
@@ -135,17 +143,27 @@ func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc
 	if conn {
 		printConnMethod()
 	}
+	if reset {
+		printResetMethod()
+	}
 	e := &env{client: client, bin: binDir, kc: kc, logDir: logDir, timeout: timeout}
 	defer func() {
 		if e.ebpf != nil {
 			e.ebpf.close()
 		}
 	}()
-	if conn {
+	if conn || reset {
 		if err := e.ensureEBPFEnv(); err != nil {
 			return err
 		}
-		if e.connVIP, err = seedConnTarget(ctx, client); err != nil {
+	}
+	if conn {
+		if e.connVIP, err = seedTarget(ctx, client, connSvc, connPort, connServer); err != nil {
+			return err
+		}
+	}
+	if reset {
+		if e.resetVIP, err = seedTarget(ctx, client, resetSvc, resetPort, resetServer); err != nil {
 			return err
 		}
 	}

@@ -123,7 +123,8 @@ type result struct {
 	syncDur   []time.Duration // the proxy's own duration of that sync
 	program   []time.Duration // the proxy's own network programming latency of that change
 	hwm       int64
-	conn      *connResult // -conn
+	conn      *connResult  // -conn
+	reset     *resetResult // -reset
 	err       error
 }
 
@@ -134,6 +135,7 @@ type env struct {
 	timeout   time.Duration
 	ebpf      *ebpfEnv // made by the first weft-ebpf measurement, or for -conn
 	connVIP   string   // -conn: conn-target's ClusterIP
+	resetVIP  string   // -reset: reset-target's ClusterIP
 	boxes     int      // boxes made so far
 	changeSeq int      // 10.244.255.x addresses used so far
 }
@@ -216,6 +218,11 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 	if e.connVIP != "" {
 		c := e.connRates(ctx, b)
 		r.conn = &c
+	}
+	// -reset: before the changes too (it deletes and recreates a slice).
+	if e.resetVIP != "" {
+		rr := e.resetTimes(ctx, b)
+		r.reset = &rr
 	}
 
 	// 2. One change at a time, each on another service.

@@ -37,6 +37,9 @@ const (
 	rowConnDirect // ... to the server pod directly
 	rowConnRatio  // ClusterIP / direct
 	rowConnCPU    // ClusterIP / direct, per CPU time of the client
+	rowResetMed   // -reset: endpoint removal to the client's reset, median
+	rowResetP99   // ... p99
+	rowResetCount // connections reset of resetConns
 	nRows
 )
 
@@ -62,6 +65,20 @@ func rows(r result, timeout time.Duration) [nRows]metric {
 		m[rowConnRatio] = metric{v: c.ratio, ok: true}
 		m[rowConnCPU] = metric{v: c.cpuRatio, ok: true}
 	}
+	if rr := r.reset; rr != nil && rr.err == nil {
+		m[rowResetCount] = metric{v: float64(len(rr.times)), ok: true}
+		// Connections not reset waited out the cap: with half or more of
+		// them hung the median is the cap, with any the p99 is.
+		hung := resetConns - len(rr.times)
+		m[rowResetMed] = metric{v: resetCap.Seconds(), ok: true, capped: true}
+		m[rowResetP99] = m[rowResetMed]
+		if 2*hung < resetConns {
+			m[rowResetMed] = metric{v: quantile(rr.times, 0.5).Seconds(), ok: true}
+		}
+		if hung == 0 {
+			m[rowResetP99] = metric{v: quantile(rr.times, 0.99).Seconds(), ok: true}
+		}
+	}
 	if r.hwm > 0 {
 		// At the cap the proxy was still in its first sync: a lower bound.
 		m[rowMemory] = metric{v: float64(r.hwm), ok: true, capped: r.timedOut}
@@ -81,6 +98,8 @@ func (m metric) format(row int) string {
 		s = fmt.Sprintf("%.0f/s", m.v)
 	case row == rowConnRatio || row == rowConnCPU:
 		s = fmt.Sprintf("%.3f", m.v)
+	case row == rowResetCount:
+		s = fmt.Sprintf("%.0f/%d", m.v, resetConns)
 	case m.v >= 10:
 		s = fmt.Sprintf("%.0fs", m.v)
 	case m.v >= 1:
@@ -128,7 +147,8 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		m[n] = rows(res[n], timeout)
 	}
 	labels := [nRows]string{"from scratch", "  its first sync (own metric)", "one change, median of 5", "  its sync (own metric)",
-		"  its network programming", "peak RSS (VmHWM)", "TCP connections to a ClusterIP", "  to the pod directly", "  ClusterIP / direct (paired)", "  the same per client CPU time"}
+		"  its network programming", "peak RSS (VmHWM)", "TCP connections to a ClusterIP", "  to the pod directly", "  ClusterIP / direct (paired)", "  the same per client CPU time",
+		"removal to client reset, median", "  p99", "  connections reset"}
 	fmt.Printf("\n%d Services × %d endpoints (%d endpoints)\n", size, perSvc, size*perSvc)
 	fmt.Printf("%-30s", "")
 	for _, n := range columns {
@@ -138,13 +158,14 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		fmt.Printf(" %10s", r.label)
 	}
 	fmt.Println()
-	late, capped, conn := false, false, false
+	late, capped, conn, reset := false, false, false, false
 	for _, n := range columns {
 		conn = conn || res[n].conn != nil
+		reset = reset || res[n].reset != nil
 	}
 	for row, l := range labels {
-		if row >= rowConnVIP && !conn {
-			break
+		if (row >= rowConnVIP && row <= rowConnCPU && !conn) || (row >= rowResetMed && !reset) {
+			continue
 		}
 		fmt.Printf("%-30s", l)
 		for _, n := range columns {
@@ -169,6 +190,9 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		}
 		if c := res[n].conn; c != nil && c.err != nil {
 			fmt.Printf("  %s, connections: %v\n", n, c.err)
+		}
+		if rr := res[n].reset; rr != nil && rr.err != nil {
+			fmt.Printf("  %s, reset: %v\n", n, rr.err)
 		}
 	}
 	note := ""
@@ -256,6 +280,20 @@ func printMethod(perSvc int) {
   peak RSS: VmHWM of the proxy process after the changes; the iptables-restore
     and nft processes it runs are not included.
 `, perSvc)
+}
+
+func printResetMethod() {
+	fmt.Printf(`  reset after endpoint removal (-reset), after the from-scratch check: in the
+    proxy's namespace a client pod and a server pod (as for -conn) and a Service %s
+    whose one endpoint is the server (port %d). The client, a child process in its
+    pod and the bench's cgroup, opens %d connections to the ClusterIP and waits on
+    each for data the server never sends; the bench cuts the server's veth (the pod
+    vanishes without a FIN or a reset, as when its node dies or it is force-deleted)
+    and deletes the EndpointSlice; from just before that API write, each connection's
+    time until the client's read fails with ECONNRESET (the API server, the watch and
+    the proxy's sync included). A read still waiting %v later is a hang ("> %v"):
+    kube-proxy resets nothing, its clients wait for their own timeout.
+`, resetSvc, resetPort, resetConns, resetCap, resetCap)
 }
 
 func printConnMethod() {
