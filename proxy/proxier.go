@@ -44,6 +44,9 @@ type Options struct {
 	// ResetTCP resets the TCP connections to endpoints that left their
 	// Service (drain.go); nil: the backend cannot.
 	ResetTCP func([]GoneEndpoint) ResetResult
+	// TakeOver, run once after the first successful sync, removes what
+	// other proxy modes left on the node; nil: nothing.
+	TakeOver func() error
 }
 
 // Proxier ties the tracker, the runner and a backend together.
@@ -197,6 +200,11 @@ func (p *Proxier) sync(_ context.Context, full bool) error {
 		p.triggers = append(triggers, p.triggers...) // programmed by the retry
 		p.mu.Unlock()
 		return err
+	}
+	if !p.everSynced && p.opts.TakeOver != nil {
+		if err := p.opts.TakeOver(); err != nil {
+			p.opts.Log.Warn("removing what other proxy modes left", "err", err)
+		}
 	}
 	done := time.Now()
 	p.lastSyncOK.Store(done.UnixNano())

@@ -1,12 +1,18 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -161,6 +167,8 @@ func Build(c Config) (*Proxier, Backend, error) {
 	}
 	if c.Mode == "userspace" && c.Userspace.Listen.IsValid() {
 		o.FlushUDP = nil // rootless: no conntrack entry is the proxy's
+	} else {
+		o.TakeOver = func() error { return takeOver(c) }
 	}
 	if c.HealthCheckPorts {
 		o.Health = healthcheck.NewServer()
@@ -170,6 +178,62 @@ func Build(c Config) (*Proxier, Backend, error) {
 		p.metrics.Registry.MustRegister(c) // a backend's own metrics, such as the eBPF map fill levels
 	}
 	return p, b, nil
+}
+
+// Modes are the service proxy modes, the default first.
+var Modes = []string{"iptables", "nftables", "ipvs", "ebpf", "userspace"}
+
+// takeOver removes what the other modes left on the node: a node switched
+// from one mode to another must keep no rules of the old one, which would
+// go on translating new connections with a state nobody updates. It runs
+// once this mode's first sync has programmed every Service, so that no
+// moment is without rules; the connections the old mode translated go on,
+// through their conntrack entries (iptables, nftables, IPVS) or, for the
+// eBPF mode's sockets, connected to their backends at connect time. A mode
+// is cleaned up only where it left a mark of its own: IPVS its device, eBPF
+// its pin directory on a bpffs.
+func takeOver(c Config) error {
+	current := c.Mode
+	if current == "" {
+		current = "iptables"
+	}
+	var errs []error
+	for _, m := range Modes {
+		if m == current || !leftBehind(m, c) {
+			continue
+		}
+		other := c
+		other.Mode, other.HealthCheckPorts = m, false
+		_, b, err := Build(other)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("the %s mode's state: %w", m, err))
+			continue
+		}
+		if err := b.Cleanup(); err != nil {
+			errs = append(errs, fmt.Errorf("removing what the %s mode left: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// leftBehind reports whether mode m may have left state: the rule-based
+// modes are asked (their cleanup finds nothing when they left nothing),
+// the others only when their own mark is there.
+func leftBehind(m string, c Config) bool {
+	switch m {
+	case "ipvs":
+		_, err := netlink.LinkByName(ipvs.Device)
+		return err == nil
+	case "ebpf":
+		pin := c.BPFPinPath
+		if pin == "" {
+			pin = ebpf.DefaultPinPath
+		}
+		var st unix.Statfs_t
+		_, err := os.Stat(pin)
+		return err == nil && unix.Statfs(filepath.Dir(pin), &st) == nil && st.Type == unix.BPF_FS_MAGIC
+	}
+	return true
 }
 
 // newEBPF builds the eBPF backend, filling in the default paths.

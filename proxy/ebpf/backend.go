@@ -149,6 +149,11 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		}
 		b.synced = true
 		full = true
+		// Before the per-packet programs run: the connections another mode
+		// translated stay with the kernel's conntrack.
+		if err := b.adoptKernelFlows(); err != nil {
+			return fmt.Errorf("taking over the connections the kernel's conntrack translates: %w", err)
+		}
 	} else if err := b.reattach(); err != nil {
 		return fmt.Errorf("attaching detached programs again: %w", err)
 	}

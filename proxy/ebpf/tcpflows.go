@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -125,3 +126,53 @@ func (b *Backend) TCPFlows(backends []netip.AddrPort) ([]Flow, error) {
 	sock, err := b.tcp.find(backends)
 	return append(out, sock...), err
 }
+
+// ctKernel is bpf/nodeport.c's CT_KERNEL.
+const ctKernel = 2
+
+// adoptKernelFlows writes, for every open TCP connection the kernel's
+// conntrack translates (its reply comes from another address or port than
+// the client addressed: another proxy mode's DNAT, before this mode took
+// the node over), an entry of weft_ct that leaves its packets to the
+// stack, where that conntrack entry goes on translating them. Without it
+// the per-packet program would balance such a connection's next packet
+// to a backend of its own, which would answer with a reset.
+func (b *Backend) adoptKernelFlows() error {
+	var keys []nodeportTuple
+	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, fam)
+		if err != nil {
+			return fmt.Errorf("listing conntrack entries: %w", err)
+		}
+		for _, f := range flows {
+			tcp, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP)
+			if f.Forward.Protocol != unix.IPPROTO_TCP || !ok || tcp.State < ctEstablished || tcp.State > ctLastAck {
+				continue
+			}
+			if f.Forward.DstIP.Equal(f.Reverse.SrcIP) && f.Forward.DstPort == f.Reverse.SrcPort {
+				continue // not translated
+			}
+			src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+			dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+			keys = append(keys, nodeportTuple{Saddr: toWords(src.Unmap()), Daddr: toWords(dst.Unmap()),
+				Sport: htons(f.Forward.SrcPort), Dport: htons(f.Forward.DstPort), Proto: unix.IPPROTO_TCP})
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	vals := make([]nodeportCtValue, len(keys))
+	for i := range vals {
+		vals[i].Masq = ctKernel
+	}
+	if _, err := b.np.WeftCt.BatchUpdate(keys, vals, nil); err != nil {
+		return fmt.Errorf("writing %d connections to weft_ct: %w", len(keys), err)
+	}
+	return nil
+}
+
+// Conntrack's TCP states of an open connection (established to last ACK).
+const (
+	ctEstablished = 3
+	ctLastAck     = 6
+)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/internal/testutil"
+	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/proxy/model"
 )
 
@@ -125,11 +126,7 @@ func resetOnRemoval(t *testing.T, b Backend) {
 	toA, toB, keptA := dialTo(t, c, "10.96.0.10:81", "a"), dialTo(t, c, "10.96.0.10:81", "b"), dialTo(t, c, "10.96.0.11:81", "a")
 	var outsideA *echoConn
 	if b.Supports(ExternalTraffic) {
-		ext := netnsutil.Dialer(n.Ext, nil)
-		if b.OutsideDialer != nil {
-			ext = b.OutsideDialer(n.Ext)
-		}
-		outsideA = dialTo(t, ext, NodeIP+":30081", "a")
+		outsideA = dialTo(t, n.outsideDialer(), NodeIP+":30081", "a")
 	}
 
 	// a terminates, still serving: new connections go to b, a's drain.
@@ -179,4 +176,112 @@ func resetOnRemoval(t *testing.T, b Backend) {
 	if err := toB.alive(); err != nil {
 		t.Fatalf("a connection to the endpoint that stays: %v", err)
 	}
+}
+
+// takeOver: a node switched to b's mode from another (iptables; nftables
+// when b is iptables) keeps the connections the old mode translated (TCP
+// from a pod to a ClusterIP and from outside to a NodePort, a connected
+// UDP socket), and no rule of the old mode is left once b's first sync is
+// done.
+func takeOver(t *testing.T, b Backend) {
+	from := "iptables"
+	if b.Mode == "iptables" {
+		from = "nftables"
+	}
+	n := NewNode(t, b, "a", "b", "c")
+	web := Service("web", "10.96.0.10", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[1].NodePort = 30081
+	})
+	svcs := []*corev1.Service{web, Service("dns", "10.96.0.53", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 81, Protocol: corev1.ProtocolUDP}}
+	})}
+	slices := []*discoveryv1.EndpointSlice{Slice("web", n.Local("a"), n.Local("b")), UDPSlice("dns", n.Pods["a"].IP.String())}
+	old := n.Config
+	old.Mode = from
+	_, ob, err := proxy.Build(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ob.Cleanup() })
+	st, errs := model.Build(svcs, slices)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if err := ob.Sync(st, true); err != nil {
+		t.Fatal(err)
+	}
+
+	pod := netnsutil.Dialer(n.Pods["c"].NS, nil)
+	conns := map[string]*echoConn{"ClusterIP from a pod": dialTo(t, pod, "10.96.0.10:81", "a")}
+	if b.Supports(ExternalTraffic) {
+		conns["NodePort from outside"] = dialTo(t, n.outsideDialer(), NodeIP+":30081", "a")
+	}
+	var udp net.Conn
+	if err := netnsutil.Do(n.Pods["c"].NS, func() (err error) { udp, err = net.Dial("udp", "10.96.0.53:81"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	askUDP := func() error {
+		_ = udp.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := udp.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 512)
+		k, err := udp.Read(buf)
+		if err == nil && !strings.HasPrefix(string(buf[:k]), "a ") {
+			err = fmt.Errorf("answered %q, want a", buf[:k])
+		}
+		return err
+	}
+	if err := askUDP(); err != nil {
+		t.Fatalf("UDP before the switch: %v", err)
+	}
+
+	p := runProxier(t, n)
+	for _, s := range svcs {
+		p.OnService(nil, s)
+	}
+	for _, es := range slices {
+		p.OnEndpointSlice(nil, es)
+	}
+	p.OnSynced()
+	testutil.Eventually(t, 10*time.Second, "the first sync", p.Healthy)
+	for name, c := range conns {
+		if err := c.alive(); err != nil {
+			t.Errorf("%s, opened under %s, after %s took over: %v", name, from, b.Mode, err)
+		}
+	}
+	if err := askUDP(); err != nil {
+		t.Errorf("the connected UDP socket, after %s took over: %v", b.Mode, err)
+	}
+	if left := modeState(t, from); left != "" {
+		t.Errorf("%s took over, and the %s mode's rules are still there:\n%s", b.Mode, from, left)
+	}
+}
+
+// modeState is what the iptables or nftables mode has programmed in the
+// node's network namespace ("" for nothing).
+func modeState(t *testing.T, mode string) string {
+	t.Helper()
+	if mode == "nftables" {
+		out, err := exec.Command("nft", "list", "table", "inet", "weft").CombinedOutput()
+		if err != nil {
+			return "" // no such table
+		}
+		return string(out)
+	}
+	var left []string
+	for _, cmd := range []string{"iptables-save", "ip6tables-save"} {
+		out, err := exec.Command(cmd).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v: %s", cmd, err, out)
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "WEFT-SERVICES") || strings.Contains(l, "WEFT-SVC-POSTROUTING") {
+				left = append(left, l)
+			}
+		}
+	}
+	return strings.Join(left, "\n")
 }

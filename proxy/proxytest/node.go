@@ -34,6 +34,7 @@ type Node struct {
 	Svcs    []*corev1.Service
 	Slices  []*discoveryv1.EndpointSlice
 	outside func(ns, src, url string) (workload.Reply, error)
+	dialer  func(ns string) func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Pod is one pod of the node, running the lab's workload (HTTP on 80, TCP
@@ -58,9 +59,13 @@ func NewNodeOn(t *testing.T, b Backend, k UplinkKind, podNames ...string) *Node 
 	if testing.Short() || !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root (private network namespace), not -short")
 	}
-	n := &Node{t: t, Pods: map[string]Pod{}, outside: b.Outside, Config: proxy.Config{Mode: b.Mode, NodeName: NodeName,
+	n := &Node{t: t, Pods: map[string]Pod{}, outside: b.Outside, dialer: b.OutsideDialer, Config: proxy.Config{Mode: b.Mode, NodeName: NodeName,
 		NodeIPs:      []netip.Addr{netip.MustParseAddr(NodeIP), netip.MustParseAddr(NodeIP6)},
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(Cluster), netip.MustParsePrefix(Cluster6)}}}
+	// No eBPF pin directory of the machine's: a mode taking over the node
+	// removes what the eBPF mode left there (the eBPF backend's Setup
+	// points it at a bpffs of the test's).
+	n.Config.BPFPinPath = filepath.Join(t.TempDir(), "bpf")
 	if b.Setup != nil {
 		b.Setup(t, &n.Config)
 	}
@@ -236,6 +241,14 @@ func (n *Node) GetOutside(src, url string) (workload.Reply, error) {
 		return n.outside(n.Ext, src, url)
 	}
 	return Get(n.Ext, src, url)
+}
+
+// outsideDialer dials as a client of the outside host.
+func (n *Node) outsideDialer() dialer {
+	if n.dialer != nil {
+		return n.dialer(n.Ext)
+	}
+	return netnsutil.Dialer(n.Ext, nil)
 }
 
 // Local is a ready endpoint for the named pod on this node.

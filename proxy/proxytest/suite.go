@@ -103,4 +103,5 @@ var scenarios = []scenario{
 	{"UDPTargetPortChanged", udpTargetPortChanged},
 	{"HealthCheckNodePort", healthCheckNodePort},
 	{"ResetOnEndpointRemoval", resetOnRemoval},
+	{"TakeOverFromAnotherMode", takeOver},
 }

@@ -45,6 +45,10 @@
 #include <linux/if_ether.h>
 #include <linux/pkt_cls.h>
 
+// TCP header flags (byte 13).
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
+
 // Results of the steps below besides tc verdicts.
 #define NOT_MINE -1 // not a packet of a frontend or flow of weft's
 #define BALANCED -2 // a backend is chosen and recorded
@@ -61,10 +65,18 @@ struct tuple {
 struct ct_value {
 	__u32 baddr[4]; // the backend
 	__u16 bport;
-	__u8 masq; // the flow is masqueraded (eTP Cluster)
+	__u8 masq; // the flow is masqueraded (eTP Cluster), or CT_KERNEL
 	__u8 pad;
 	__u32 backend_id;
 };
+
+// CT_KERNEL in ct_value.masq: a TCP connection the kernel's conntrack
+// translated (another proxy mode's rules, before weft's eBPF mode took the
+// node over; proxy/ebpf writes these entries before it attaches the
+// programs). Its packets go to the stack untouched, where its conntrack
+// entry goes on translating them; a SYN on the same tuple is a new
+// connection, balanced as any.
+#define CT_KERNEL 2
 
 struct nat_rev_value {
 	__u32 faddr[4]; // the frontend
@@ -418,6 +430,13 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 	struct ct_value ct = {};
 	int verdict;
 
+	if (cur && cur->masq == CT_KERNEL) {
+		__u8 flags;
+		if (p->t.proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, p->l4off + 13, &flags, 1) < 0 ||
+		    (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+			return TC_ACT_OK;
+		cur = 0;
+	}
 	if (cur) {
 		struct backend *be = bpf_map_lookup_elem(&weft_backends, &cur->backend_id);
 		ct = *cur;
