@@ -81,6 +81,7 @@ func main() {
 	flag.StringVar(&px.cgroupRoot, "cgroup-root", "", "ebpf proxy mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&px.bpfPinPath, "bpf-pin-path", "", "ebpf proxy mode: bpffs directory of weft's pinned maps and links (default /sys/fs/bpf/weft)")
 	flag.Var(&px.bpfDevices, "bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
+	flag.IntVar(&px.bpfCTMax, "bpf-ct-max", 0, "ebpf proxy mode: entries of each conntrack map of the traffic from outside (0: a quarter percent of the node's memory, at least 65536)")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
@@ -119,6 +120,7 @@ type proxyFlags struct {
 	cgroupRoot    string
 	bpfPinPath    string
 	bpfDevices    cliflag.Names
+	bpfCTMax      int
 	ipvsScheduler string
 }
 
@@ -127,7 +129,7 @@ func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) 
 	return proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
-		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, IPVSScheduler: f.ipvsScheduler}
+		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, IPVSScheduler: f.ipvsScheduler}
 }
 
 func run(log *slog.Logger, f agentFlags, px proxyFlags) error {

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -62,6 +63,9 @@ type Backend struct {
 	// tcp finds the TCP sockets translated to given backends; nil where
 	// the kernel cannot (no TCP iterators).
 	tcp *tcpFlowFinder
+	// stopWatch ends the conntrack maps' pressure watch (started with the
+	// programs).
+	stopWatch chan struct{}
 	// failed: the last apply failed, the next one is full.
 	failed bool
 	// synced: a sync attached the programs (start).
@@ -77,11 +81,20 @@ type Backend struct {
 // backend and returns it; the programs are loaded and attached by the
 // first Sync (so that --cleanup loads nothing).
 func New(cfg Config) (*Backend, error) {
+	if cfg.CTMax == 0 {
+		cfg.CTMax = CTMaxFor(memTotal())
+	}
+	if cfg.CTMax < MinCTMax || cfg.CTMax > MaxCTMax {
+		return nil, fmt.Errorf("--bpf-ct-max: %d entries is outside %d..%d", cfg.CTMax, MinCTMax, MaxCTMax)
+	}
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
 	if len(cfg.Families) == 0 {
 		cfg.Families = []int{4}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
 	}
 	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant},
 		reattached: map[string]int{}}, nil
@@ -245,6 +258,21 @@ func (b *Backend) start() error {
 		links = append(links, l)
 	}
 	b.links = links
+	watched := map[string]*ebpf.Map{}
+	for name, m := range map[string]*ebpf.Map{"weft_ct": b.np.WeftCt, "weft_nat_rev": b.np.WeftNatRev} {
+		if c, err := m.Clone(); err == nil {
+			watched[name] = c
+		}
+	}
+	b.stopWatch = make(chan struct{})
+	go func(stop <-chan struct{}) {
+		defer func() {
+			for _, m := range watched {
+				_ = m.Close()
+			}
+		}()
+		b.watchPressure(watched, stop)
+	}(b.stopWatch)
 	return nil
 }
 
@@ -285,7 +313,7 @@ func (b *Backend) prepare() error {
 		_ = objs.Close()
 		_ = np.Close()
 	}()
-	if err := loadPerPacket(&np, opts, b.cfg.masqMark()); err != nil {
+	if err := loadPerPacket(&np, opts, b.cfg.masqMark(), b.cfg.CTMax); err != nil {
 		return fmt.Errorf("loading the per-packet programs: %w", err)
 	}
 	// Without bpf_sock_destroy (Linux < 6.5) the socket programs still
@@ -313,15 +341,19 @@ func (b *Backend) prepare() error {
 }
 
 // loadPerPacket loads the per-packet programs, which mark the traffic to
-// masquerade with mark. Conntrack maps pinned by a version of weft whose
-// entries differ are removed first (their flows are lost, once).
-func loadPerPacket(np *nodeportObjects, opts *ebpf.CollectionOptions, mark uint32) error {
+// masquerade with mark, with conntrack maps of ctMax entries each.
+// Conntrack maps pinned by a version of weft whose entries differ, or of
+// another size, are removed first (their flows are lost, once).
+func loadPerPacket(np *nodeportObjects, opts *ebpf.CollectionOptions, mark uint32, ctMax int) error {
 	spec, err := loadNodeport()
 	if err != nil {
 		return err
 	}
 	if err := spec.Variables["masq_mark"].Set(mark); err != nil {
 		return fmt.Errorf("setting masq_mark: %w", err)
+	}
+	for _, name := range []string{"weft_ct", "weft_nat_rev"} {
+		spec.Maps[name].MaxEntries = uint32(ctMax)
 	}
 	for _, name := range []string{"weft_ct", "weft_nat_rev"} {
 		path := filepath.Join(opts.Maps.PinPath, name)
@@ -337,7 +369,10 @@ func loadPerPacket(np *nodeportObjects, opts *ebpf.CollectionOptions, mark uint3
 			}
 		}
 	}
-	return spec.LoadAndAssign(np, opts)
+	if err := spec.LoadAndAssign(np, opts); err != nil {
+		return fmt.Errorf("with conntrack maps of %d entries (--bpf-ct-max): %w", ctMax, err)
+	}
+	return nil
 }
 
 // attach swaps prog into the pinned link of h, or attaches and pins a new
@@ -378,6 +413,10 @@ func (b *Backend) Cleanup() error {
 		_ = l.Close()
 	}
 	b.links = nil
+	if b.stopWatch != nil {
+		close(b.stopWatch)
+		b.stopWatch = nil
+	}
 	if err := b.cleanupTC(); err != nil {
 		errs = append(errs, err)
 	}

@@ -536,3 +536,53 @@ func TestPrepare(t *testing.T) {
 	}
 	get("after the restarted backend's first sync")
 }
+
+// TestConnectionStorm: a storm of short connections from outside through
+// a NodePort, four times as many as the conntrack maps hold
+// (--bpf-ct-max 1024), leaves the maps nearly empty (a closed connection's
+// entries go with it) and a long-lived connection opened before it, idle
+// meanwhile, working. make bench runs the storm at full size.
+func TestConnectionStorm(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a", "b")
+	_ = n.Backend.Cleanup()
+	n.Config.BPFCTMax = weftebpf.MinCTMax
+	n.Backend = n.NewBackend()
+	n.Svcs = []*corev1.Service{proxytest.Service("np", "10.96.0.11", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30080
+		s.Spec.Ports[1].NodePort = 30081
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("np", n.Local("a"), n.Local("b"))}
+	n.Sync()
+	long := proxytest.NodeIP + ":30081"
+	if _, err := outsideEcho(n.Ext, long, "hello"); err != nil {
+		t.Fatalf("the long-lived connection: %v", err)
+	}
+	pin := envs[t].pin
+	if got := maxEntries(t, filepath.Join(pin, "weft_ct")); got != weftebpf.MinCTMax {
+		t.Fatalf("weft_ct holds %d entries at most, want --bpf-ct-max's %d", got, weftebpf.MinCTMax)
+	}
+	for i := range 4 * weftebpf.MinCTMax {
+		if _, err := outsideGet(n.Ext, "", "http://"+proxytest.NodeIP+":30080/"); err != nil {
+			t.Fatalf("short connection %d: %v", i, err)
+		}
+	}
+	for _, m := range []string{"weft_ct", "weft_nat_rev"} {
+		if got := entries(t, filepath.Join(pin, m)); got > weftebpf.MinCTMax/10 {
+			t.Errorf("%s holds %d entries after the storm, want the closed connections' gone", m, got)
+		}
+	}
+	if _, err := outsideEcho(n.Ext, long, "after the storm"); err != nil {
+		t.Fatalf("the long-lived connection after the storm: %v", err)
+	}
+}
+
+func maxEntries(t *testing.T, path string) int {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	return int(m.MaxEntries())
+}

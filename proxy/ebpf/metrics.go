@@ -21,6 +21,11 @@ import (
 //     "tc:<device>:<side>"): 1 while weft's program is there, 0 once it is
 //     found detached; the next sync attaches it again and counts it in
 //     weft_ebpf_program_reattached_total.
+//   - weft_ebpf_ct_insert_failures_total: new flows from outside dropped
+//     because their entries could not be written to weft_ct or
+//     weft_nat_rev (an LRU map evicts rather than fails: this counts
+//     what eviction cannot help). A warning is logged when a conntrack
+//     map reaches 90 % of its size (sizing.go).
 //   - weft_ebpf_udp_sockets_terminated_total: connected UDP sockets
 //     destroyed because their backend left the Service, and
 //     weft_ebpf_udp_socket_termination_available (0 on a kernel without
@@ -38,6 +43,8 @@ var (
 		"Connected UDP sockets destroyed because their backend left the Service", nil, nil)
 	descTermAvailable = prometheus.NewDesc("weft_ebpf_udp_socket_termination_available",
 		"1 if the kernel can destroy connected UDP sockets of removed backends (bpf_sock_destroy)", nil, nil)
+	descCTFailures = prometheus.NewDesc("weft_ebpf_ct_insert_failures_total",
+		"New flows from outside dropped because their conntrack entries could not be written", nil, nil)
 )
 
 // lruCountEvery bounds how often the LRU maps are read to count them.
@@ -51,7 +58,7 @@ type lruCount struct {
 
 // Describe implements prometheus.Collector.
 func (b *Backend) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descAttached, descReattached, descTerminated, descTermAvailable} {
+	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures} {
 		ch <- d
 	}
 }
@@ -78,6 +85,14 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 		return // not started, or cleaned up
 	}
 	gauge(descTermAvailable, boolValue(b.udp != nil))
+	var perCPU []uint64
+	if err := b.np.WeftCtFailures.Lookup(uint32(0), &perCPU); err == nil {
+		var n uint64
+		for _, v := range perCPU {
+			n += v
+		}
+		ch <- prometheus.MustNewConstMetric(descCTFailures, prometheus.CounterValue, float64(n))
+	}
 	for hook, ok := range b.attachments() {
 		gauge(descAttached, boolValue(ok), hook)
 	}

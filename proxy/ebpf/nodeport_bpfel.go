@@ -32,7 +32,7 @@ type nodeportCtValue struct {
 	Baddr     [4]uint32
 	Bport     uint16
 	Masq      uint8
-	Pad       uint8
+	Fin       uint8
 	BackendId uint32
 }
 
@@ -87,6 +87,7 @@ const (
 	nodeportMapWeftBackends      = "weft_backends"
 	nodeportMapWeftBridgePorts   = "weft_bridge_ports"
 	nodeportMapWeftCt            = "weft_ct"
+	nodeportMapWeftCtFailures    = "weft_ct_failures"
 	nodeportMapWeftMaglev        = "weft_maglev"
 	nodeportMapWeftNatRev        = "weft_nat_rev"
 	nodeportMapWeftServices      = "weft_services"
@@ -151,6 +152,7 @@ type nodeportMapSpecs struct {
 	WeftBackends    *ebpf.MapSpec `ebpf:"weft_backends"`
 	WeftBridgePorts *ebpf.MapSpec `ebpf:"weft_bridge_ports"`
 	WeftCt          *ebpf.MapSpec `ebpf:"weft_ct"`
+	WeftCtFailures  *ebpf.MapSpec `ebpf:"weft_ct_failures"`
 	WeftMaglev      *ebpf.MapSpec `ebpf:"weft_maglev"`
 	WeftNatRev      *ebpf.MapSpec `ebpf:"weft_nat_rev"`
 	WeftServices    *ebpf.MapSpec `ebpf:"weft_services"`
@@ -187,6 +189,7 @@ type nodeportMaps struct {
 	WeftBackends    *ebpf.Map `ebpf:"weft_backends"`
 	WeftBridgePorts *ebpf.Map `ebpf:"weft_bridge_ports"`
 	WeftCt          *ebpf.Map `ebpf:"weft_ct"`
+	WeftCtFailures  *ebpf.Map `ebpf:"weft_ct_failures"`
 	WeftMaglev      *ebpf.Map `ebpf:"weft_maglev"`
 	WeftNatRev      *ebpf.Map `ebpf:"weft_nat_rev"`
 	WeftServices    *ebpf.Map `ebpf:"weft_services"`
@@ -198,6 +201,7 @@ func (m *nodeportMaps) Close() error {
 		m.WeftBackends,
 		m.WeftBridgePorts,
 		m.WeftCt,
+		m.WeftCtFailures,
 		m.WeftMaglev,
 		m.WeftNatRev,
 		m.WeftServices,

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -108,6 +109,7 @@ func (e *tcEnv) runMark(prog *ebpf.Program, pkt []byte, mark uint32) (uint32, []
 type packet struct {
 	src, dst         netip.AddrPort
 	udp, zeroUDPCsum bool
+	flags            byte // TCP flags; 0 is a SYN
 }
 
 func ext(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
@@ -125,6 +127,9 @@ func (p packet) bytes() []byte {
 	} else {
 		l4[12] = 5 << 4
 		l4[13] = 0x02 // SYN
+		if p.flags != 0 {
+			l4[13] = p.flags
+		}
 		binary.BigEndian.PutUint16(l4[14:], 65535)
 	}
 	binary.BigEndian.PutUint16(l4[0:], p.src.Port())
@@ -499,5 +504,85 @@ func TestBridgePortFrames(t *testing.T) {
 	}
 	if in := frame(bridgeMAC); !bytes.Equal(second(e.run(e.objs.WeftNodeportPort, in)), in) {
 		t.Fatal("a frame of a port no longer in the map was translated")
+	}
+}
+
+// TestClosedFlowsLeave: a TCP flow's entries go once it is closed, at the
+// last ACK after both FINs or at a reset, from either side; an open flow's
+// stay, and its reply entry, once evicted, is written again by the
+// client's next packet.
+func TestClosedFlowsLeave(t *testing.T) {
+	const fin, rst, ack = 0x01, 0x04, 0x10
+	e := newTCEnv(t)
+	e.program(map[FrontendKey]Frontend{nodePort(nodeIP, 30080): {Masquerade: true, Backends: backends(ext(podX, 80))}})
+	count := func() (int, int) {
+		n := func(m *ebpf.Map) int {
+			var k nodeportTuple
+			var v []byte
+			c := 0
+			for it := m.Iterate(); it.Next(&k, &v); {
+				c++
+			}
+			return c
+		}
+		return n(e.objs.WeftCt), n(e.objs.WeftNatRev)
+	}
+	want := func(ct, rev int, when string) {
+		t.Helper()
+		if c, r := count(); c != ct || r != rev {
+			t.Fatalf("%s: %d conntrack and %d reply entries, want %d and %d", when, c, r, ct, rev)
+		}
+	}
+	front := ext(nodeIP, 30080)
+	for i, tc := range []struct {
+		name  string
+		steps []struct {
+			reply bool
+			flags byte
+		}
+	}{
+		{"client closes first", []struct {
+			reply bool
+			flags byte
+		}{{false, fin | ack}, {true, fin | ack}, {false, ack}}},
+		{"server closes first", []struct {
+			reply bool
+			flags byte
+		}{{true, fin | ack}, {false, fin | ack}, {true, ack}}},
+		{"client resets", []struct {
+			reply bool
+			flags byte
+		}{{false, rst}}},
+		{"server resets", []struct {
+			reply bool
+			flags byte
+		}{{true, rst | ack}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := ext(client, uint16(41000+i))
+			e.run(e.objs.WeftNodeport, packet{src: client, dst: front}.bytes())
+			want(1, 1, "after the SYN")
+			e.run(e.objs.WeftNodeport, packet{src: client, dst: front, flags: ack}.bytes())
+			for j, s := range tc.steps {
+				want(1, 1, fmt.Sprintf("before step %d", j+1))
+				if s.reply {
+					e.run(e.objs.WeftReply, packet{src: ext(podX, 80), dst: client, flags: s.flags}.bytes())
+				} else {
+					e.run(e.objs.WeftNodeport, packet{src: client, dst: front, flags: s.flags}.bytes())
+				}
+			}
+			want(0, 0, "once closed")
+		})
+	}
+	// An open flow whose reply entry was evicted gets it back.
+	c := ext(client, 42000)
+	e.run(e.objs.WeftNodeport, packet{src: c, dst: front}.bytes())
+	rk := nodeportTuple{Saddr: toWords(podX), Daddr: toWords(client), Sport: htons(80), Dport: htons(42000), Proto: 6}
+	if err := e.objs.WeftNatRev.Delete(rk); err != nil {
+		t.Fatal(err)
+	}
+	e.run(e.objs.WeftNodeport, packet{src: c, dst: front, flags: ack}.bytes())
+	if back := second(e.run(e.objs.WeftReply, packet{src: ext(podX, 80), dst: c, flags: ack}.bytes())); parsePacket(t, back).src != front {
+		t.Fatalf("the reply after the eviction left from %s, want %s", parsePacket(t, back).src, front)
 	}
 }

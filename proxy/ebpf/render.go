@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"cmp"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
@@ -35,6 +36,12 @@ type Config struct {
 	Families        []int
 	MasqueradeBit   int
 	IPTablesVariant string
+	// CTMax is the size of the per-packet programs' conntrack maps
+	// (weft_ct and weft_nat_rev, entries each); 0 sizes them from the
+	// node's memory (CTMaxFor).
+	CTMax int
+	// Log gets the warnings of map pressure (nil: slog.Default()).
+	Log *slog.Logger
 }
 
 // masqMark is the skb->mark bit of traffic to masquerade.

@@ -46,7 +46,9 @@
 #include <linux/pkt_cls.h>
 
 // TCP header flags (byte 13).
+#define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
 // Results of the steps below besides tc verdicts.
@@ -65,10 +67,18 @@ struct tuple {
 struct ct_value {
 	__u32 baddr[4]; // the backend
 	__u16 bport;
-	__u8 masq; // the flow is masqueraded (eTP Cluster), or CT_KERNEL
-	__u8 pad;
+	__u8 masq;  // the flow is masqueraded (eTP Cluster), or CT_KERNEL
+	__u8 fin;   // TCP: CT_FIN_CLIENT and CT_FIN_SERVER, the FINs seen
 	__u32 backend_id;
 };
+
+// A TCP connection's entries (ct and nat_rev) go with the connection, so
+// that a storm of short connections does not push the entries of live
+// ones out of the LRU maps: at a reset, or at the last ACK once both sides
+// have sent their FIN. The entry of a connection whose end was not seen
+// (a lost last ACK, a client that vanished) is left to the LRU.
+#define CT_FIN_CLIENT 1
+#define CT_FIN_SERVER 2
 
 // CT_KERNEL in ct_value.masq: a TCP connection the kernel's conntrack
 // translated (another proxy mode's rules, before weft's eBPF mode took the
@@ -154,7 +164,17 @@ struct pkt {
 	struct tuple t;
 	__u32 l3off, l4off;
 	__u8 v6;
+	__u8 tcp_flags; // TCP: the header's flags byte
 };
+
+// weft_ct_failures counts the flows balanced whose entries could not be
+// written (per CPU; weft_ebpf_ct_insert_failures_total).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} weft_ct_failures SEC(".maps");
 
 static __always_inline void copy_addr(__u32 dst[4], const __u32 src[4])
 {
@@ -216,7 +236,27 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	if (bpf_skb_load_bytes(skb, p->l4off, &p->t.sport, 2) < 0 ||
 	    bpf_skb_load_bytes(skb, p->l4off + 2, &p->t.dport, 2) < 0)
 		return -1;
+	if (nexthdr == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4off + 13, &p->tcp_flags, 1) < 0)
+		return -1;
 	return 0;
+}
+
+// closing notes a TCP segment of flow c (from the client when client):
+// it returns 1 when the flow's entries are to go once the segment is
+// translated (a reset, or the last ACK after both FINs).
+static __always_inline int closing(const struct pkt *p, struct ct_value *c, int client)
+{
+	__u8 f = p->tcp_flags;
+
+	if (p->t.proto != IPPROTO_TCP)
+		return 0;
+	if (f & TCP_FLAG_RST)
+		return 1;
+	if (f & TCP_FLAG_FIN) {
+		c->fin |= client ? CT_FIN_CLIENT : CT_FIN_SERVER;
+		return 0;
+	}
+	return (f & TCP_FLAG_ACK) && c->fin == (CT_FIN_CLIENT | CT_FIN_SERVER);
 }
 
 static __always_inline __u32 l4_csum_off(const struct pkt *p)
@@ -282,12 +322,25 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p)
 {
 	struct nat_rev_value *rv = bpf_map_lookup_elem(&weft_nat_rev, &p->t);
 	struct nat_rev_value v;
+	struct tuple rk = p->t, ck;
+	struct ct_value *c;
 
 	if (!rv)
 		return NOT_MINE;
 	v = *rv;
 	if (set_addr(skb, p, 0, v.faddr) || set_port(skb, p, 0, v.fport))
 		return TC_ACT_SHOT;
+	if (p->t.proto != IPPROTO_TCP)
+		return TC_ACT_OK;
+	// The client's tuple: the translated reply, reversed.
+	ck = (struct tuple){.sport = p->t.dport, .dport = p->t.sport, .proto = p->t.proto};
+	copy_addr(ck.saddr, p->t.daddr);
+	copy_addr(ck.daddr, p->t.saddr);
+	c = bpf_map_lookup_elem(&weft_ct, &ck);
+	if (c && closing(p, c, 0)) {
+		bpf_map_delete_elem(&weft_ct, &ck);
+		bpf_map_delete_elem(&weft_nat_rev, &rk);
+	}
 	return TC_ACT_OK;
 }
 
@@ -370,6 +423,14 @@ static __always_inline __u32 *maglev_pick(const struct svc_value *m, __u32 n)
 	return bpf_map_lookup_elem(table, &idx);
 }
 
+// reverse_key is the reply's tuple of client flow p going to c's backend.
+static __always_inline void reverse_key(struct tuple *rk, const struct pkt *p, const struct ct_value *c)
+{
+	*rk = (struct tuple){.proto = p->t.proto, .sport = c->bport, .dport = p->t.sport};
+	copy_addr(rk->saddr, c->baddr);
+	copy_addr(rk->daddr, p->t.saddr);
+}
+
 // balance starts a flow to an external frontend: it picks a backend (see
 // maglev above) and records both directions. It returns BALANCED,
 // NOT_MINE when p is not for an external frontend, or a tc verdict.
@@ -411,13 +472,17 @@ static __always_inline int balance(struct pkt *p, struct ct_value *ct)
 	ct->masq = (m->flags & SVC_SNAT) != 0;
 
 	// The reply, as it leaves after conntrack undid any masquerade.
-	struct tuple rk = {.proto = p->t.proto, .sport = ct->bport, .dport = p->t.sport};
+	struct tuple rk;
 	struct nat_rev_value rv = {.fport = p->t.dport};
-	copy_addr(rk.saddr, ct->baddr);
-	copy_addr(rk.daddr, p->t.saddr);
+	reverse_key(&rk, p, ct);
 	copy_addr(rv.faddr, p->t.daddr);
-	if (bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&weft_ct, &p->t, ct, BPF_ANY))
+	if (bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&weft_ct, &p->t, ct, BPF_ANY)) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&weft_ct_failures, &zero);
+		if (n)
+			(*n)++;
 		return TC_ACT_SHOT;
+	}
 	return BALANCED;
 }
 
@@ -426,14 +491,13 @@ static __always_inline int balance(struct pkt *p, struct ct_value *ct)
 // it returns NOT_MINE for other packets.
 static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 {
-	struct ct_value *cur = bpf_map_lookup_elem(&weft_ct, &p->t);
+	struct tuple ck = p->t, rk;
+	struct ct_value *cur = bpf_map_lookup_elem(&weft_ct, &ck);
 	struct ct_value ct = {};
-	int verdict;
+	int verdict, done = 0;
 
 	if (cur && cur->masq == CT_KERNEL) {
-		__u8 flags;
-		if (p->t.proto != IPPROTO_TCP || bpf_skb_load_bytes(skb, p->l4off + 13, &flags, 1) < 0 ||
-		    (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+		if (p->t.proto != IPPROTO_TCP || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
 			return TC_ACT_OK;
 		cur = 0;
 	}
@@ -444,7 +508,17 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 			// The backend is gone: balance the flow again.
 			cur = 0;
 	}
-	if (!cur) {
+	if (cur) {
+		reverse_key(&rk, p, &ct);
+		done = closing(p, cur, 1);
+		if (!done && !bpf_map_lookup_elem(&weft_nat_rev, &rk)) {
+			// The LRU map evicted the reply's entry of a flow whose
+			// client kept sending: write it again.
+			struct nat_rev_value rv = {.fport = p->t.dport};
+			copy_addr(rv.faddr, p->t.daddr);
+			bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY);
+		}
+	} else {
 		verdict = balance(p, &ct);
 		if (verdict != BALANCED)
 			return verdict;
@@ -453,6 +527,10 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 		return TC_ACT_SHOT;
 	if (ct.masq)
 		skb->mark |= masq_mark;
+	if (done) {
+		bpf_map_delete_elem(&weft_ct, &ck);
+		bpf_map_delete_elem(&weft_nat_rev, &rk);
+	}
 	return TC_ACT_OK;
 }
 
