@@ -575,9 +575,14 @@ func (o Options) inNodeMounts(n Member, holder int) []Proc {
 		"--kubeconfig", filepath.Join(o.Dir, n.Name+"-kubelet.kubeconfig"),
 		"--hostname-override", n.Name, "--node-ip", n.nodeIPs(), "--v", "1",
 	}
+	// Each node is a zone of its own, a rack of nodes one zone: the
+	// upstream suite's topology specs need three zones, and the proxy
+	// follows zone hints only on a node with a zone.
+	labels := ZoneLabel + "=zone-" + n.Name
 	if o.Racks > 1 {
-		kubelet = append(kubelet, "--node-labels", RackLabel+"="+strconv.Itoa(n.Rack))
+		labels = RackLabel + "=" + strconv.Itoa(n.Rack) + "," + ZoneLabel + "=rack-" + strconv.Itoa(n.Rack)
 	}
+	kubelet = append(kubelet, "--node-labels", labels)
 	return []Proc{
 		{Name: n.Name + "-containerd", NS: n.NSPath(), Cgroup: o.nodeCgroup(n.Name), Env: []string{path},
 			Args: append(enter, filepath.Join(nodeBin(o.BinDir), "containerd"), "--config", filepath.Join(root, "etc/containerd/config.toml"))},

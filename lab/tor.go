@@ -28,6 +28,8 @@ const (
 	// operator's provisioning would set it; the BGP configuration selects
 	// each rack's ToR peer by it.
 	RackLabel = "lab.weft.dev/rack"
+	// ZoneLabel is the well-known zone label (corev1.LabelTopologyZone).
+	ZoneLabel = "topology.kubernetes.io/zone"
 	// torPassword is the TCP MD5 password of the ToR's sessions.
 	torPassword = "weft-lab-tor"
 )

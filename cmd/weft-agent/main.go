@@ -17,7 +17,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/weftnet/weft/agent"
 	"github.com/weftnet/weft/cni"
@@ -125,11 +128,35 @@ type proxyFlags struct {
 }
 
 // config turns the flags into the proxy's configuration.
-func (f proxyFlags) config(node string, cidrs []netip.Prefix, log *slog.Logger) proxy.Config {
-	return proxy.Config{Mode: f.mode, NodeName: node, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
+func (f proxyFlags) config(node, zone string, cidrs []netip.Prefix, log *slog.Logger) proxy.Config {
+	return proxy.Config{Mode: f.mode, NodeName: node, Zone: zone, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
 		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, IPVSScheduler: f.ipvsScheduler}
+}
+
+// nodeZone is the node's topology.kubernetes.io/zone label, which the
+// proxy needs to follow the zone hints of EndpointSlices (trafficDistribution:
+// PreferClose); "" when the node has none, or cannot be read within 30 s
+// (the hints are then ignored, as kube-proxy ignores them on a node
+// without a zone).
+func nodeZone(client kubernetes.Interface, node string, log *slog.Logger) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err == nil {
+			zone := n.Labels[corev1.LabelTopologyZone]
+			log.Info("the node's zone", "zone", zone)
+			return zone
+		}
+		select {
+		case <-ctx.Done():
+			log.Warn("reading the node's zone failed: zone hints are ignored", "node", node, "err", err)
+			return ""
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
@@ -178,7 +205,11 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if px.mode != "none" {
 		var err error
 		var backend proxy.Backend
-		if p, backend, err = proxy.Build(px.config(node, cidrs, log)); err != nil {
+		zone := ""
+		if !f.cleanup {
+			zone = nodeZone(client, node, log)
+		}
+		if p, backend, err = proxy.Build(px.config(node, zone, cidrs, log)); err != nil {
 			return err
 		}
 		if !f.cleanup {
