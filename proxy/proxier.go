@@ -45,8 +45,9 @@ type Options struct {
 	// Service (drain.go); nil: the backend cannot.
 	ResetTCP func([]GoneEndpoint) ResetResult
 	// TakeOver, run once after the first successful sync, removes what
-	// other proxy modes left on the node; nil: nothing.
-	TakeOver func() error
+	// other proxy modes left on the node (anything it leaves running stops
+	// with ctx, Run's); nil: nothing.
+	TakeOver func(ctx context.Context) error
 }
 
 // Proxier ties the tracker, the runner and a backend together.
@@ -169,7 +170,7 @@ func (p *Proxier) Cleanup() error { return p.backend.Cleanup() }
 // sync is one round of syncing the rules. Its duration, observed whether it
 // succeeds or not, is kubeproxy_sync_proxy_rules_duration_seconds (and the
 // full or partial variant), as kube-proxy measures its syncProxyRules.
-func (p *Proxier) sync(_ context.Context, full bool) error {
+func (p *Proxier) sync(ctx context.Context, full bool) error {
 	start := time.Now()
 	defer p.metrics.observeSync(start, full)
 	p.mu.Lock()
@@ -202,7 +203,7 @@ func (p *Proxier) sync(_ context.Context, full bool) error {
 		return err
 	}
 	if !p.everSynced && p.opts.TakeOver != nil {
-		if err := p.opts.TakeOver(); err != nil {
+		if err := p.opts.TakeOver(ctx); err != nil {
 			p.opts.Log.Warn("removing what other proxy modes left", "err", err)
 		}
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -170,7 +171,7 @@ func Build(c Config) (*Proxier, Backend, error) {
 	if c.Mode == "userspace" && c.Userspace.Listen.IsValid() {
 		o.FlushUDP = nil // rootless: no conntrack entry is the proxy's
 	} else {
-		o.TakeOver = func() error { return takeOver(c) }
+		o.TakeOver = func(ctx context.Context) error { return takeOver(ctx, c) }
 	}
 	if c.HealthCheckPorts {
 		o.Health = healthcheck.NewServer()
@@ -191,10 +192,13 @@ var Modes = []string{"iptables", "nftables", "ipvs", "ebpf", "userspace"}
 // once this mode's first sync has programmed every Service, so that no
 // moment is without rules; the connections the old mode translated go on,
 // through their conntrack entries (iptables, nftables, IPVS) or, for the
-// eBPF mode's sockets, connected to their backends at connect time. A mode
-// is cleaned up only where it left a mark of its own: IPVS its device, eBPF
-// its pin directory on a bpffs.
-func takeOver(c Config) error {
+// eBPF mode's sockets, connected to their backends at connect time. The
+// eBPF mode is retired rather than removed (ebpf.Backend.Retire): its
+// per-packet programs keep the connections from outside they translate
+// until those are drained (drainEBPF, until ctx ends). A mode is cleaned
+// up only where it left a mark of its own: IPVS its device, eBPF its pin
+// directory on a bpffs.
+func takeOver(ctx context.Context, c Config) error {
 	current := c.Mode
 	if current == "" {
 		current = "iptables"
@@ -206,6 +210,19 @@ func takeOver(c Config) error {
 		}
 		other := c
 		other.Mode, other.HealthCheckPorts = m, false
+		if m == "ebpf" {
+			eb, err := newEBPF(other)
+			if err == nil {
+				var since time.Time
+				if since, err = eb.Retire(); err == nil {
+					go drainEBPF(ctx, eb, since, c.Log)
+				}
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("retiring the ebpf mode: %w", err))
+			}
+			continue
+		}
 		_, b, err := Build(other)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("the %s mode's state: %w", m, err))
@@ -216,6 +233,40 @@ func takeOver(c Config) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// The retired eBPF mode is checked every EBPFDrainEvery (a variable for
+// tests), and removed once its connections are drained or
+// ebpfRetireGrace after it was first retired, whichever comes first.
+var EBPFDrainEvery = 30 * time.Second
+
+const ebpfRetireGrace = time.Hour
+
+// drainEBPF removes the retired eBPF mode b once it is drained (see
+// above), unless ctx ends first (the next start retires it again, with
+// the same first time).
+func drainEBPF(ctx context.Context, b *ebpf.Backend, since time.Time, log *slog.Logger) {
+	t := time.NewTicker(EBPFDrainEvery)
+	defer t.Stop()
+	for {
+		drained, err := b.Drained()
+		if err != nil {
+			log.Warn("reading the retired ebpf mode's connections", "err", err)
+		}
+		if drained || time.Since(since) > ebpfRetireGrace {
+			if err := b.Cleanup(); err != nil {
+				log.Warn("removing the retired ebpf mode", "err", err)
+			} else {
+				log.Info("removed the retired ebpf mode", "drained", drained, "retired", since)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // leftBehind reports whether mode m may have left state: the rule-based

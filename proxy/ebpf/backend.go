@@ -401,6 +401,42 @@ func (b *Backend) attach(h hook, prog *ebpf.Program) (link.Link, error) {
 	return l, nil
 }
 
+// Close releases the backend's programs, maps and links without removing
+// anything pinned, as the process's exit would: what is pinned goes on
+// serving (a later backend takes it over, or removes it).
+func (b *Backend) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, l := range b.links {
+		_ = l.Close()
+	}
+	b.links = nil
+	for _, a := range b.tc {
+		if a.link != nil {
+			_ = a.link.Close()
+		}
+	}
+	b.tc = map[tcHook]tcAttached{}
+	if b.stopWatch != nil {
+		close(b.stopWatch)
+		b.stopWatch = nil
+	}
+	if b.udp != nil {
+		b.udp.close()
+		b.udp = nil
+	}
+	if b.tcp != nil {
+		b.tcp.close()
+		b.tcp = nil
+	}
+	if b.objs != nil {
+		_ = b.objs.Close()
+		_ = b.np.Close()
+		b.objs, b.np, b.w = nil, nil, nil
+		b.synced = false
+	}
+}
+
 // Cleanup detaches weft's programs (cgroup links, tcx links, cls_bpf
 // filters) and removes its pinned links and maps: what is pinned under
 // the pin path by the names weft uses, nothing else.
@@ -452,7 +488,7 @@ func (b *Backend) Cleanup() error {
 		}
 		_ = l.Close() // the last reference: the program detaches
 	}
-	for _, name := range mapNames {
+	for _, name := range append(mapNames, retiredMarker) {
 		if err := os.Remove(filepath.Join(b.cfg.PinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("cleanup: %w", err))
 		}

@@ -1,7 +1,11 @@
 package ebpf_test
 
 import (
+	"bufio"
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -9,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -18,6 +23,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/testutil"
 	"github.com/weftnet/weft/proxy"
 	weftebpf "github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/proxytest"
@@ -585,4 +592,85 @@ func maxEntries(t *testing.T, path string) int {
 	}
 	defer m.Close()
 	return int(m.MaxEntries())
+}
+
+// TestHandOverToAnotherMode: the iptables mode taking over a node from the
+// eBPF mode keeps a connection from outside to a NodePort and one from a
+// pod to a ClusterIP that the eBPF mode translated, detaches the socket
+// programs at once, and removes the rest once the connection from outside
+// has closed.
+func TestHandOverToAnotherMode(t *testing.T) {
+	proxy.EBPFDrainEvery = 200 * time.Millisecond
+	n := proxytest.NewNode(t, backend, "a", "b")
+	n.Svcs = []*corev1.Service{proxytest.Service("np", "10.96.0.11", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30080
+		s.Spec.Ports[1].NodePort = 30081
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("np", n.Local("a"), n.Local("b"))}
+	n.Sync()
+	outsideAddr := proxytest.NodeIP + ":30081"
+	if _, err := outsideEcho(n.Ext, outsideAddr, "hello"); err != nil {
+		t.Fatalf("from outside, under ebpf: %v", err)
+	}
+	var pod net.Conn
+	if err := netnsutil.Do(n.Pods["b"].NS, func() (err error) { pod, err = net.DialTimeout("tcp", "10.96.0.11:81", time.Second); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	podEcho := bufio.NewReader(pod)
+	talk := func(msg string) error {
+		_ = pod.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := fmt.Fprintln(pod, msg); err != nil {
+			return err
+		}
+		_, err := podEcho.ReadString('\n')
+		return err
+	}
+	if err := talk("hello"); err != nil {
+		t.Fatalf("from a pod, under ebpf: %v", err)
+	}
+
+	// The eBPF mode's process ends; the iptables mode's starts.
+	n.Backend.(*weftebpf.Backend).Close()
+	c := n.Config
+	c.Mode, c.MinSyncPeriod, c.Log = "iptables", 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil))
+	p, _, err := proxy.Build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; _ = p.Cleanup() })
+	for _, s := range n.Svcs {
+		p.OnService(nil, s)
+	}
+	for _, es := range n.Slices {
+		p.OnEndpointSlice(nil, es)
+	}
+	p.OnSynced()
+	testutil.Eventually(t, 10*time.Second, "the iptables mode's first sync", p.Healthy)
+	if got := attached(t, envs[t].cgroup, ebpf.AttachCGroupInet4Connect); got != 0 {
+		t.Errorf("%d connect programs still on the cgroup after the hand-over", got)
+	}
+	if _, err := outsideEcho(n.Ext, outsideAddr, "after the hand-over"); err != nil {
+		t.Errorf("from outside, after the hand-over: %v", err)
+	}
+	if err := talk("after the hand-over"); err != nil {
+		t.Errorf("from a pod, after the hand-over: %v", err)
+	}
+	if _, err := outsideGet(n.Ext, "", "http://"+proxytest.NodeIP+":30080/"); err != nil {
+		t.Errorf("a new connection from outside, after the hand-over: %v", err)
+	}
+	// The connection from outside ends: the rest goes.
+	outside.stop()
+	outside = nil
+	testutil.Eventually(t, 10*time.Second, "the retired eBPF mode removed", func() bool {
+		_, err := os.Stat(envs[t].pin)
+		return os.IsNotExist(err)
+	})
+	if got := tcxPrograms(t, proxytest.Uplink, false); len(got) != 0 {
+		t.Errorf("%d programs left on the uplink's ingress", len(got))
+	}
 }
