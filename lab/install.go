@@ -48,7 +48,7 @@ var nodePaths = []string{"/etc/cni/net.d", "/opt/cni/bin", "/var/lib/weft", "/ru
 // overlay (deploy-lab) on top of the proxy mode's: the lab's routing and resync, and
 // the API server's address for pods on the node's network (the
 // weft-apiserver ConfigMap docs/deploy.md describes).
-func writeKustomization(o Options) (string, error) {
+func writeKustomization(o Options, literals ...string) (string, error) {
 	root := filepath.Join(o.Dir, "deploy")
 	err := fs.WalkDir(deploy.Files, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -83,7 +83,7 @@ configMapGenerator:
     literals:
       - routing=%s
       - resync=10s
-      - cluster-cidr=%s
+      - cluster-cidr=%s%s
   - name: weft-apiserver
     namespace: weft-system
     options:
@@ -91,7 +91,7 @@ configMapGenerator:
     literals:
       - KUBERNETES_SERVICE_HOST=%s
       - KUBERNETES_SERVICE_PORT=%d
-`, base, o.Routing, o.clusterCIDRs(), ControlIP, APIServerPort)
+`, base, o.Routing, o.clusterCIDRs(), extraLiterals(literals), ControlIP, APIServerPort)
 	dir := filepath.Join(o.Dir, "deploy-lab")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -175,13 +175,31 @@ func Kubectl(ctx context.Context, st *State, args ...string) ([]byte, error) {
 }
 
 // install applies the lab's kustomization.
-func install(ctx context.Context, st *State) error {
-	dir, err := writeKustomization(st.Options)
+func install(ctx context.Context, st *State, literals ...string) error {
+	dir, err := writeKustomization(st.Options, literals...)
 	if err != nil {
 		return err
 	}
 	_, err = Kubectl(ctx, st, "apply", "-k", dir)
 	return err
+}
+
+// Reinstall applies the lab's install again with more agent settings
+// (KEY=VALUE literals of the agent's ConfigMap, such as proxy-mode=iptables
+// on an eBPF lab), as an operator changing the ConfigMap would: the
+// agents roll.
+func (st *State) Reinstall(ctx context.Context, literals ...string) error {
+	return install(ctx, st, literals...)
+}
+
+// extraLiterals lays literals out as more lines of the ConfigMap
+// generator's list.
+func extraLiterals(literals []string) string {
+	var b strings.Builder
+	for _, l := range literals {
+		b.WriteString("\n      - " + l)
+	}
+	return b.String()
 }
 
 // WaitAgents waits until weft-agent's DaemonSet has rolled out: every

@@ -243,6 +243,10 @@ func (b *Backend) start() error {
 	if err := b.prepare(); err != nil {
 		return err
 	}
+	// Active again after another mode retired it.
+	if err := os.Remove(filepath.Join(b.cfg.PinPath, retiredMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing the retired mark: %w", err)
+	}
 	if err := installMasq(b.ipt, b.cfg.Families, b.cfg.masqMark()); err != nil {
 		return err
 	}
