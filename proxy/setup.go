@@ -12,10 +12,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weftnet/weft/internal/tcpreset"
 	"github.com/weftnet/weft/proxy/ebpf"
