@@ -25,6 +25,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -68,7 +69,13 @@ func Reset(flows []Flow, wait time.Duration) Result {
 	if len(flows) == 0 {
 		return res
 	}
-	capture, err := openCapture()
+	var ports []uint16
+	for _, f := range flows {
+		if p := f.Server.Port(); !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
+	}
+	capture, err := openCapture(ports)
 	if err != nil {
 		res.Err = err
 		res.Unreachable = flows
@@ -153,28 +160,17 @@ func Reset(flows []Flow, wait time.Duration) Result {
 	return res
 }
 
-// openCapture opens a packet socket receiving the TCP segments that reach
-// any device of the node from elsewhere (not those it sends), as IP
-// packets. The filter is in place before the socket is bound to a
+// openCapture opens a packet socket receiving, as IP packets, the TCP
+// segments that reach any device of the node from elsewhere (not those it
+// sends) addressed to one of ports (any port when there are more than
+// maxFilterPorts). The filter is in place before the socket is bound to a
 // protocol, so nothing else is ever queued on it.
-func openCapture() (int, error) {
+func openCapture(ports []uint16) (int, error) {
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("opening a packet socket to capture: %w", err)
 	}
-	prog, err := bpf.Assemble([]bpf.Instruction{
-		bpf.LoadExtension{Num: bpf.ExtType},
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.PACKET_OUTGOING, SkipTrue: 8},
-		bpf.LoadExtension{Num: bpf.ExtProto},
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.ETH_P_IP, SkipFalse: 2},
-		bpf.LoadAbsolute{Off: 9, Size: 1}, // IPv4 protocol
-		bpf.Jump{Skip: 2},
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.ETH_P_IPV6, SkipFalse: 3},
-		bpf.LoadAbsolute{Off: 6, Size: 1}, // IPv6 next header
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.IPPROTO_TCP, SkipFalse: 1},
-		bpf.RetConstant{Val: 256},
-		bpf.RetConstant{Val: 0},
-	})
+	prog, err := bpf.Assemble(captureFilter(ports))
 	if err == nil {
 		filter := make([]unix.SockFilter, len(prog))
 		for i, in := range prog {
@@ -190,6 +186,52 @@ func openCapture() (int, error) {
 		return -1, fmt.Errorf("setting up the capture socket: %w", err)
 	}
 	return fd, nil
+}
+
+// maxFilterPorts bounds the destination ports the capture filter checks.
+const maxFilterPorts = 64
+
+// captureFilter is the capture socket's classic BPF program (the packet
+// starts at its IP header): incoming, IPv4 (unfragmented) or IPv6, TCP,
+// to one of ports.
+func captureFilter(ports []uint16) []bpf.Instruction {
+	if len(ports) > maxFilterPorts {
+		ports = nil
+	}
+	// The fixed part is 15 instructions; then, without ports, accept and
+	// drop; with ports, a check of each (to accept), drop and accept.
+	const fixed = 15
+	drop, accept := fixed+1, fixed
+	if len(ports) > 0 {
+		drop, accept = fixed+len(ports), fixed+len(ports)+1
+	}
+	toDrop := func(at int) uint8 { return uint8(drop - at - 1) }
+	prog := []bpf.Instruction{
+		bpf.LoadExtension{Num: bpf.ExtType},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.PACKET_OUTGOING, SkipTrue: toDrop(1)},
+		bpf.LoadExtension{Num: bpf.ExtProto},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.ETH_P_IP, SkipFalse: 7}, // to 11
+		// IPv4: TCP, not a fragment, the port after the header's length.
+		bpf.LoadAbsolute{Off: 9, Size: 1},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.IPPROTO_TCP, SkipTrue: toDrop(5)},
+		bpf.LoadAbsolute{Off: 6, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: 0x1fff, SkipTrue: toDrop(7)},
+		bpf.LoadMemShift{Off: 0},
+		bpf.LoadIndirect{Off: 2, Size: 2},
+		bpf.Jump{Skip: 4}, // to 15
+		// IPv6: TCP right after the fixed header.
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.ETH_P_IPV6, SkipFalse: toDrop(11)},
+		bpf.LoadAbsolute{Off: 6, Size: 1},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.IPPROTO_TCP, SkipTrue: toDrop(13)},
+		bpf.LoadAbsolute{Off: 42, Size: 2},
+	}
+	if len(ports) == 0 {
+		return append(prog, bpf.RetConstant{Val: 256}, bpf.RetConstant{Val: 0})
+	}
+	for i, p := range ports {
+		prog = append(prog, bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(p), SkipTrue: uint8(accept - (fixed + i) - 1)})
+	}
+	return append(prog, bpf.RetConstant{Val: 0}, bpf.RetConstant{Val: 256})
 }
 
 // nextHop is where a packet to a client leaves: a device, and the link

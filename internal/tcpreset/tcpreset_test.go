@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/weftnet/weft/internal/netnsutil"
 )
 
@@ -160,4 +163,83 @@ func TestClientOnNode(t *testing.T) {
 	if res := Reset([]Flow{f}, time.Second); len(res.Unreachable) != 1 || res.Err == nil {
 		t.Fatalf("%+v, want the flow unreachable with a reason", res)
 	}
+}
+
+// TestCaptureFilter runs the capture filter on crafted packets: TCP to a
+// listed port passes, from any family; another port, another protocol, a
+// fragment and a packet the node sends do not; without ports any TCP
+// segment passes.
+func TestCaptureFilter(t *testing.T) {
+	v4 := func(proto byte, dport uint16, frag bool) []byte {
+		b := make([]byte, 40)
+		b[0], b[9] = 0x45, proto
+		if frag {
+			b[7] = 8 // fragment offset 8
+		}
+		b[22], b[23] = byte(dport>>8), byte(dport)
+		return b
+	}
+	v6 := func(proto byte, dport uint16) []byte {
+		b := make([]byte, 60)
+		b[0], b[6] = 0x60, proto
+		b[42], b[43] = byte(dport>>8), byte(dport)
+		return b
+	}
+	for _, tc := range []struct {
+		name     string
+		ports    []uint16
+		pkt      []byte
+		proto    uint16
+		outgoing bool
+		want     bool
+	}{
+		{"IPv4 TCP to a port", []uint16{80, 8080}, v4(6, 8080, false), 0x0800, false, true},
+		{"IPv4 TCP to the first port", []uint16{80, 8080}, v4(6, 80, false), 0x0800, false, true},
+		{"IPv4 TCP to another port", []uint16{80, 8080}, v4(6, 81, false), 0x0800, false, false},
+		{"IPv4 UDP", []uint16{80}, v4(17, 80, false), 0x0800, false, false},
+		{"IPv4 fragment", []uint16{80}, v4(6, 80, true), 0x0800, false, false},
+		{"IPv6 TCP to a port", []uint16{80, 8080}, v6(6, 8080), 0x86dd, false, true},
+		{"IPv6 TCP to another port", []uint16{80}, v6(6, 81), 0x86dd, false, false},
+		{"IPv6 UDP", []uint16{80}, v6(17, 80), 0x86dd, false, false},
+		{"sent by the node", []uint16{80}, v4(6, 80, false), 0x0800, true, false},
+		{"ARP", []uint16{80}, v4(6, 80, false), 0x0806, false, false},
+		{"no ports: any TCP", nil, v4(6, 12345, false), 0x0800, false, true},
+		{"no ports: not UDP", nil, v6(17, 12345), 0x86dd, false, false},
+	} {
+		got := runFilter(t, captureFilter(tc.ports), tc.pkt, tc.proto, tc.outgoing)
+		if got != tc.want {
+			t.Errorf("%s: passed %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// runFilter runs prog on pkt with the packet type and protocol its
+// extensions read (x/net/bpf's VM knows none): they are replaced by
+// loads of the given values.
+func runFilter(t *testing.T, prog []bpf.Instruction, pkt []byte, proto uint16, outgoing bool) bool {
+	t.Helper()
+	fixed := make([]bpf.Instruction, len(prog))
+	for i, in := range prog {
+		switch e, ok := in.(bpf.LoadExtension); {
+		case ok && e.Num == bpf.ExtType:
+			v := uint32(unix.PACKET_HOST)
+			if outgoing {
+				v = unix.PACKET_OUTGOING
+			}
+			fixed[i] = bpf.LoadConstant{Dst: bpf.RegA, Val: v}
+		case ok && e.Num == bpf.ExtProto:
+			fixed[i] = bpf.LoadConstant{Dst: bpf.RegA, Val: uint32(proto)}
+		default:
+			fixed[i] = in
+		}
+	}
+	vm, err := bpf.NewVM(fixed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := vm.Run(pkt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
 }
