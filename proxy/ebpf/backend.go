@@ -39,7 +39,7 @@ var hooks = []hook{
 
 // mapNames are the maps weft pins (the names in bpf/*.c).
 var mapNames = []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity", "weft_affinity_members",
-	"weft_ct", "weft_nat_rev", "weft_src_ranges", "weft_maglev"}
+	"weft_ct", "weft_nat_rev", "weft_src_ranges", "weft_maglev", "weft_ext_affinity"}
 
 // Backend is the eBPF service proxy backend.
 type Backend struct {

@@ -126,6 +126,7 @@ func (b *Backend) maps() map[string]*ebpf.Map {
 		"weft_services": b.objs.WeftServices, "weft_backends": b.objs.WeftBackends, "weft_revnat": b.objs.WeftRevnat,
 		"weft_affinity": b.objs.WeftAffinity, "weft_affinity_members": b.objs.WeftAffinityMembers,
 		"weft_ct": b.np.WeftCt, "weft_nat_rev": b.np.WeftNatRev, "weft_src_ranges": b.np.WeftSrcRanges, "weft_maglev": b.np.WeftMaglev,
+		"weft_ext_affinity": b.np.WeftExtAffinity,
 	}
 }
 

@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type nodeportAffinityMember struct {
+	_         structs.HostLayout
+	SvcId     uint32
+	BackendId uint32
+}
+
 type nodeportBackend struct {
 	_    structs.HostLayout
 	Addr [4]uint32
@@ -34,6 +40,19 @@ type nodeportCtValue struct {
 	Masq      uint8
 	Fin       uint8
 	BackendId uint32
+}
+
+type nodeportExtAffinityKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Addr  [4]uint32
+}
+
+type nodeportExtAffinityValue struct {
+	_         structs.HostLayout
+	LastNs    uint64
+	BackendId uint32
+	Pad       uint32
 }
 
 type nodeportNatRevValue struct {
@@ -84,18 +103,20 @@ type nodeportTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	nodeportMapWeftBackends      = "weft_backends"
-	nodeportMapWeftBridgePorts   = "weft_bridge_ports"
-	nodeportMapWeftCt            = "weft_ct"
-	nodeportMapWeftCtFailures    = "weft_ct_failures"
-	nodeportMapWeftMaglev        = "weft_maglev"
-	nodeportMapWeftNatRev        = "weft_nat_rev"
-	nodeportMapWeftServices      = "weft_services"
-	nodeportMapWeftSrcRanges     = "weft_src_ranges"
-	nodeportProgWeftNodeport     = "weft_nodeport"
-	nodeportProgWeftNodeportPort = "weft_nodeport_port"
-	nodeportProgWeftReply        = "weft_reply"
-	nodeportVarMasqMark          = "masq_mark"
+	nodeportMapWeftAffinityMembers = "weft_affinity_members"
+	nodeportMapWeftBackends        = "weft_backends"
+	nodeportMapWeftBridgePorts     = "weft_bridge_ports"
+	nodeportMapWeftCt              = "weft_ct"
+	nodeportMapWeftCtFailures      = "weft_ct_failures"
+	nodeportMapWeftExtAffinity     = "weft_ext_affinity"
+	nodeportMapWeftMaglev          = "weft_maglev"
+	nodeportMapWeftNatRev          = "weft_nat_rev"
+	nodeportMapWeftServices        = "weft_services"
+	nodeportMapWeftSrcRanges       = "weft_src_ranges"
+	nodeportProgWeftNodeport       = "weft_nodeport"
+	nodeportProgWeftNodeportPort   = "weft_nodeport_port"
+	nodeportProgWeftReply          = "weft_reply"
+	nodeportVarMasqMark            = "masq_mark"
 )
 
 // loadNodeport returns the embedded CollectionSpec for nodeport.
@@ -149,14 +170,16 @@ type nodeportProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportMapSpecs struct {
-	WeftBackends    *ebpf.MapSpec `ebpf:"weft_backends"`
-	WeftBridgePorts *ebpf.MapSpec `ebpf:"weft_bridge_ports"`
-	WeftCt          *ebpf.MapSpec `ebpf:"weft_ct"`
-	WeftCtFailures  *ebpf.MapSpec `ebpf:"weft_ct_failures"`
-	WeftMaglev      *ebpf.MapSpec `ebpf:"weft_maglev"`
-	WeftNatRev      *ebpf.MapSpec `ebpf:"weft_nat_rev"`
-	WeftServices    *ebpf.MapSpec `ebpf:"weft_services"`
-	WeftSrcRanges   *ebpf.MapSpec `ebpf:"weft_src_ranges"`
+	WeftAffinityMembers *ebpf.MapSpec `ebpf:"weft_affinity_members"`
+	WeftBackends        *ebpf.MapSpec `ebpf:"weft_backends"`
+	WeftBridgePorts     *ebpf.MapSpec `ebpf:"weft_bridge_ports"`
+	WeftCt              *ebpf.MapSpec `ebpf:"weft_ct"`
+	WeftCtFailures      *ebpf.MapSpec `ebpf:"weft_ct_failures"`
+	WeftExtAffinity     *ebpf.MapSpec `ebpf:"weft_ext_affinity"`
+	WeftMaglev          *ebpf.MapSpec `ebpf:"weft_maglev"`
+	WeftNatRev          *ebpf.MapSpec `ebpf:"weft_nat_rev"`
+	WeftServices        *ebpf.MapSpec `ebpf:"weft_services"`
+	WeftSrcRanges       *ebpf.MapSpec `ebpf:"weft_src_ranges"`
 }
 
 // nodeportVariableSpecs contains global variables before they are loaded into the kernel.
@@ -186,22 +209,26 @@ func (o *nodeportObjects) Close() error {
 //
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportMaps struct {
-	WeftBackends    *ebpf.Map `ebpf:"weft_backends"`
-	WeftBridgePorts *ebpf.Map `ebpf:"weft_bridge_ports"`
-	WeftCt          *ebpf.Map `ebpf:"weft_ct"`
-	WeftCtFailures  *ebpf.Map `ebpf:"weft_ct_failures"`
-	WeftMaglev      *ebpf.Map `ebpf:"weft_maglev"`
-	WeftNatRev      *ebpf.Map `ebpf:"weft_nat_rev"`
-	WeftServices    *ebpf.Map `ebpf:"weft_services"`
-	WeftSrcRanges   *ebpf.Map `ebpf:"weft_src_ranges"`
+	WeftAffinityMembers *ebpf.Map `ebpf:"weft_affinity_members"`
+	WeftBackends        *ebpf.Map `ebpf:"weft_backends"`
+	WeftBridgePorts     *ebpf.Map `ebpf:"weft_bridge_ports"`
+	WeftCt              *ebpf.Map `ebpf:"weft_ct"`
+	WeftCtFailures      *ebpf.Map `ebpf:"weft_ct_failures"`
+	WeftExtAffinity     *ebpf.Map `ebpf:"weft_ext_affinity"`
+	WeftMaglev          *ebpf.Map `ebpf:"weft_maglev"`
+	WeftNatRev          *ebpf.Map `ebpf:"weft_nat_rev"`
+	WeftServices        *ebpf.Map `ebpf:"weft_services"`
+	WeftSrcRanges       *ebpf.Map `ebpf:"weft_src_ranges"`
 }
 
 func (m *nodeportMaps) Close() error {
 	return _NodeportClose(
+		m.WeftAffinityMembers,
 		m.WeftBackends,
 		m.WeftBridgePorts,
 		m.WeftCt,
 		m.WeftCtFailures,
+		m.WeftExtAffinity,
 		m.WeftMaglev,
 		m.WeftNatRev,
 		m.WeftServices,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -59,7 +60,7 @@ func newTCEnv(t *testing.T) *tcEnv {
 	}
 	t.Cleanup(func() { _ = e.objs.Close() })
 	e.w = newWriter(writerMaps{services: e.objs.WeftServices, backends: e.objs.WeftBackends, ranges: e.objs.WeftSrcRanges,
-		maglev: e.objs.WeftMaglev})
+		maglev: e.objs.WeftMaglev, members: e.objs.WeftAffinityMembers})
 	return e
 }
 
@@ -584,5 +585,55 @@ func TestClosedFlowsLeave(t *testing.T) {
 	e.run(e.objs.WeftNodeport, packet{src: c, dst: front, flags: ack}.bytes())
 	if back := second(e.run(e.objs.WeftReply, packet{src: ext(podX, 80), dst: c, flags: ack}.bytes())); parsePacket(t, back).src != front {
 		t.Fatalf("the reply after the eviction left from %s, want %s", parsePacket(t, back).src, front)
+	}
+}
+
+// TestAffinityTimeout: with ClientIP affinity, a client's new flows from
+// outside go to the backend of its last one while the timeout runs and
+// that backend stays; once the timeout has passed, its flows are balanced
+// again (over several flows, more than one backend).
+func TestAffinityTimeout(t *testing.T) {
+	e := newTCEnv(t)
+	three := backends(ext(podX, 80), ext(podY, 80), ext(netip.MustParseAddr("10.250.1.4"), 80))
+	front := nodePort(nodeIP, 30080)
+	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: 1, Backends: three}})
+	to := func(sport uint16) netip.AddrPort {
+		return parsePacket(t, second(e.run(e.objs.WeftNodeport, packet{src: ext(client, sport), dst: ext(nodeIP, 30080)}.bytes()))).dst
+	}
+	first := to(40000)
+	for sport := uint16(40001); sport < 40020; sport++ {
+		if got := to(sport); got != first {
+			t.Fatalf("flow from port %d went to %s, the client's first to %s", sport, got, first)
+		}
+	}
+	// The remembered backend leaves: the next flow goes elsewhere, and
+	// stays there.
+	var rest []netip.AddrPort
+	for _, b := range three {
+		if b != first {
+			rest = append(rest, b)
+		}
+	}
+	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: 1, Backends: rest}})
+	next := to(41000)
+	if next == first {
+		t.Fatalf("a new flow went to %s, which left the Service", first)
+	}
+	for sport := uint16(41001); sport < 41010; sport++ {
+		if got := to(sport); got != next {
+			t.Fatalf("flow from port %d went to %s, the client's last to %s", sport, got, next)
+		}
+	}
+	// Past the timeout, a client's next flow is balanced again: over eight
+	// rounds, each after the timeout, more than one backend (all three
+	// the same by chance: 1 in 2,187).
+	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: 1, Backends: three}})
+	seen := map[netip.AddrPort]bool{}
+	for round := range uint16(8) {
+		time.Sleep(1100 * time.Millisecond)
+		seen[to(43000+round)] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("eight flows, each after the affinity timeout, all went to %v", seen)
 	}
 }

@@ -24,10 +24,15 @@
 //     with loadBalancerSourceRanges (SVC_RANGES).
 //   maglev: frontend id -> its Maglev table, an array of backend ids of
 //     maglev_size(count) entries. A new flow takes the entry of its
-//     hash (of the 5-tuple; with affinity, of the client address), so a
-//     flow lands on the same backend on every node and after its state is
-//     lost, and a backend change moves at most 1 % of the other backends'
-//     flows. A frontend without a table (or a reader between the table's
+//     5-tuple's hash, so a flow lands on the same backend on every node
+//     and after its state is lost, and a backend change moves at most 1 %
+//     of the other backends' flows.
+//   ext_affinity: (frontend id, client address) -> backend id and last
+//     use, for ClientIP affinity: a new flow of a client seen within the
+//     frontend's timeout goes to the backend of its last one, while that
+//     backend is an active member (affinity_members, written with the
+//     socket programs' affinity); otherwise it is balanced and
+//     remembered. A frontend without a table (or a reader between the table's
 //     swap and the master entry's) takes a slot of its active list.
 // Not handled here (passed to the stack untouched): fragments, IPv6
 // extension headers, protocols other than TCP and UDP.
@@ -399,16 +404,72 @@ static __always_inline __u32 hash_addr(__u32 h, const __u32 a[4])
 	return mix(mix(mix(mix(h, a[0]), a[1]), a[2]), a[3]);
 }
 
-// flow_hash is the hash of p's 5-tuple, or with affinity of its source.
-static __always_inline __u32 flow_hash(const struct pkt *p, int affinity)
+// flow_hash is the hash of p's 5-tuple.
+static __always_inline __u32 flow_hash(const struct pkt *p)
 {
 	__u32 h = hash_addr(0, p->t.saddr);
-	if (!affinity) {
-		h = hash_addr(h, p->t.daddr);
-		h = mix(h, ((__u32)p->t.sport << 16) | p->t.dport);
-		h = mix(h, p->t.proto);
-	}
+	h = hash_addr(h, p->t.daddr);
+	h = mix(h, ((__u32)p->t.sport << 16) | p->t.dport);
+	h = mix(h, p->t.proto);
 	return hash_end(h);
+}
+
+struct ext_affinity_key {
+	__u32 svc_id;
+	__u32 addr[4]; // the client
+};
+
+struct ext_affinity_value {
+	__u64 last_ns;
+	__u32 backend_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ext_affinity_key);
+	__type(value, struct ext_affinity_value);
+	__uint(max_entries, 1 << 16);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weft_ext_affinity SEC(".maps");
+
+// The socket programs' map (sock.c), shared by pin: (frontend id, backend
+// id) for the active backends of frontends with affinity.
+struct affinity_member {
+	__u32 svc_id;
+	__u32 backend_id;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct affinity_member);
+	__type(value, __u8);
+	__uint(max_entries, 1 << 18);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weft_affinity_members SEC(".maps");
+
+// remembered returns 1 and sets *id to the backend of the last flow of
+// p's client to frontend m when that was within m's affinity timeout and
+// the backend is still an active member; ak and now are filled for
+// remember.
+static __always_inline int remembered(const struct pkt *p, const struct svc_value *m, struct ext_affinity_key *ak,
+				      __u64 *now, __u32 *id)
+{
+	struct ext_affinity_value *av;
+
+	ak->svc_id = m->svc_id;
+	copy_addr(ak->addr, p->t.saddr);
+	*now = bpf_ktime_get_ns();
+	av = bpf_map_lookup_elem(&weft_ext_affinity, ak);
+	if (!av || *now - av->last_ns >= (__u64)m->affinity_timeout * 1000000000ULL)
+		return 0;
+	struct affinity_member mk = {.svc_id = m->svc_id, .backend_id = av->backend_id};
+	if (!bpf_map_lookup_elem(&weft_affinity_members, &mk))
+		return 0;
+	av->last_ns = *now;
+	*id = av->backend_id;
+	return 1;
 }
 
 // maglev_pick returns the backend id of hash n in frontend m's table.
@@ -452,17 +513,24 @@ static __always_inline int balance(struct pkt *p, struct ct_value *ct)
 		// listens on (a reset, or ICMP port unreachable). Endpoints but
 		// none here (eTP Local): dropped.
 		return m->flags & SVC_REJECT ? TC_ACT_OK : TC_ACT_SHOT;
-	// With affinity: one client, one backend while the list stands.
-	n = flow_hash(p, m->affinity_timeout != 0);
-	id = maglev_pick(m, n);
-	if (id) {
-		ct->backend_id = *id;
-	} else {
-		key.slot = slot_of(m, n);
-		slot = bpf_map_lookup_elem(&weft_services, &key);
-		if (!slot)
-			return TC_ACT_SHOT;
-		ct->backend_id = slot->backend_id;
+	struct ext_affinity_key ak = {};
+	__u64 now = 0;
+	if (!m->affinity_timeout || !remembered(p, m, &ak, &now, &ct->backend_id)) {
+		n = flow_hash(p);
+		id = maglev_pick(m, n);
+		if (id) {
+			ct->backend_id = *id;
+		} else {
+			key.slot = slot_of(m, n);
+			slot = bpf_map_lookup_elem(&weft_services, &key);
+			if (!slot)
+				return TC_ACT_SHOT;
+			ct->backend_id = slot->backend_id;
+		}
+		if (m->affinity_timeout) {
+			struct ext_affinity_value nv = {.last_ns = now, .backend_id = ct->backend_id};
+			bpf_map_update_elem(&weft_ext_affinity, &ak, &nv, BPF_ANY);
+		}
 	}
 	be = bpf_map_lookup_elem(&weft_backends, &ct->backend_id);
 	if (!be)
