@@ -121,8 +121,13 @@ const outsideEnv = "WEFT_EBPF_TEST_OUTSIDE"
 
 // outsideRequest is an HTTP GET of URL, or with Addr set a line sent on
 // the client's TCP connection to Addr (dialled by the first such request,
-// kept open), which an echo server answers with a line.
-type outsideRequest struct{ NS, Src, URL, Addr, Line string }
+// kept open), which an echo server answers with a line; with Short set,
+// Short connections to Addr one after another, each opened, asked a
+// line and closed.
+type outsideRequest struct {
+	NS, Src, URL, Addr, Line string
+	Short                    int
+}
 
 type outsideAnswer struct {
 	Reply workload.Reply
@@ -219,9 +224,12 @@ func outsideMain() int {
 		}
 		var a outsideAnswer
 		var err error
-		if req.Addr == "" {
+		switch {
+		case req.Addr == "":
 			a.Reply, err = proxytest.Get(req.NS, req.Src, req.URL)
-		} else {
+		case req.Short > 0:
+			err = shortConnections(req)
+		default:
 			a.Line, err = echo(conns, deadlines, req)
 		}
 		if err != nil {
@@ -358,4 +366,28 @@ func moveAll(from, to string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// shortConnections opens req.Short connections to req.Addr one after
+// another, each asked a line and closed (an orderly close: FIN both ways).
+func shortConnections(req outsideRequest) error {
+	dial := netnsutil.Dialer(req.NS, nil)
+	for i := range req.Short {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c, err := dial(ctx, "tcp", req.Addr)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("connection %d: %w", i, err)
+		}
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_, err = fmt.Fprintln(c, "short")
+		if err == nil {
+			_, err = bufio.NewReader(c).ReadString('\n')
+		}
+		c.Close()
+		if err != nil {
+			return fmt.Errorf("connection %d: %w", i, err)
+		}
+	}
+	return nil
 }
