@@ -102,15 +102,14 @@ func (e *ebpfEnv) await(ctx context.Context, vip, ip string, t0 time.Time, timeo
 	fk := weftebpf.FrontendKey{Addr: a, Port: 80, Protocol: model.TCP}
 	want := netip.AddrPortFrom(netip.MustParseAddr(ip), endpointPort)
 	for {
+		// A read racing the proxy's write can meet a slot whose backend
+		// the write has just removed: read again.
 		bes, err := r.Backends(fk)
-		if err != nil {
-			return 0, err
-		}
-		if slices.Contains(bes, want) {
+		if err == nil && slices.Contains(bes, want) {
 			return time.Since(t0), nil
 		}
 		if time.Since(t0) > timeout {
-			return 0, fmt.Errorf("the maps do not hold %s for %s after %v", want, vip, timeout)
+			return 0, fmt.Errorf("the maps do not hold %s for %s after %v (last read: %v)", want, vip, timeout, err)
 		}
 		if err := sleep(ctx, time.Millisecond); err != nil {
 			return 0, err
