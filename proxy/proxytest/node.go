@@ -27,7 +27,6 @@ import (
 type Node struct {
 	t       *testing.T
 	Ext     string // the outside host's namespace path
-	Uplink  string // the device holding the node's addresses
 	Pods    map[string]Pod
 	Config  proxy.Config // what proxy.Build gets for this node
 	Backend proxy.Backend
@@ -73,7 +72,7 @@ func NewNodeOn(t *testing.T, b Backend, k UplinkKind, podNames ...string) *Node 
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Ext, n.Uplink = outside(t, k)
+	n.Ext = outside(t, k)
 	rt := cnitest.NewRuntime(bin, filepath.Join(t.TempDir(), "cache"))
 	list, err := cnitest.Conflist("1.1.0", "pods", map[string]any{"type": "weft", "bridge": Bridge, "mtu": 1500,
 		"ipam": map[string]any{"ranges": [][]map[string]string{{{"subnet": PodCIDR}}, {{"subnet": PodCIDR6}}}, "dataDir": t.TempDir()}})
@@ -149,10 +148,9 @@ const (
 )
 
 // outside creates the outside host on the node network, routing the
-// service, externalIP, LoadBalancer and pod ranges via the node, over an
-// uplink of kind k; it returns the host's namespace path and the device
-// holding the node's addresses.
-func outside(t *testing.T, k UplinkKind) (string, string) {
+// service, externalIP and LoadBalancer ranges via the node, over an uplink
+// of kind k; it returns the host's namespace path.
+func outside(t *testing.T, k UplinkKind) string {
 	t.Helper()
 	path, err := netnsutil.NewNamed("proxytest-ext")
 	if err != nil {
@@ -219,7 +217,7 @@ func outside(t *testing.T, k UplinkKind) (string, string) {
 	} {
 		ip(args...)
 	}
-	return path, dev
+	return path
 }
 
 // Sync programs the node's Services and EndpointSlices through the backend,
