@@ -142,6 +142,8 @@ bench: deps build kube image node coredns
 	$(GO) test -run '^$$' -bench BenchmarkConvergence -benchtime=1x -timeout 20m ./routing/bgp
 	# The topology exporter: API writes per minute at 100 pod starts/stops per minute, time from a freed address to the taint lifted.
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench TopologyExporter -benchtime=1x ./agent
+	# eBPF conntrack under a storm: a million short connections from outside through a NodePort, on maps of the default size; the connection rate with the maps empty and through the storm, a long-lived connection alive after it.
+	WEFT_EBPF_STORM=1000000 $(GO) test -run 'TestConnectionStorm$$' -count=1 -v -timeout 30m ./proxy/ebpf
 	# The userspace proxy: connections per second and throughput through it (redirected and rootless) and through the nftables backend, each against a direct dial in the same run.
 	$(GO) test -run '^$$' -bench DataPath -benchtime 3s ./proxy/userspace
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -548,11 +549,22 @@ func TestPrepare(t *testing.T) {
 // a NodePort (each opened, asked a line, closed), four times as many as
 // the conntrack maps hold (--bpf-ct-max 1024), leaves the maps nearly
 // empty (a closed connection's entries go with it) and a long-lived
-// connection opened before it, idle meanwhile, working.
+// connection opened before it, idle meanwhile, working. With
+// WEFT_EBPF_STORM=N (make bench: a million) it runs N connections on maps
+// of the default size and logs the connection rate of the first 5,000
+// (empty maps) and of the rest.
 func TestConnectionStorm(t *testing.T) {
+	storm, ctMax := 4*weftebpf.MinCTMax, weftebpf.MinCTMax
+	if v := os.Getenv("WEFT_EBPF_STORM"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 5000 {
+			t.Fatalf("WEFT_EBPF_STORM=%q: want a number of connections above 5000", v)
+		}
+		storm, ctMax = n, 0
+	}
 	n := proxytest.NewNode(t, backend, "a", "b")
 	_ = n.Backend.Cleanup()
-	n.Config.BPFCTMax = weftebpf.MinCTMax
+	n.Config.BPFCTMax = ctMax
 	n.Backend = n.NewBackend()
 	n.Svcs = []*corev1.Service{proxytest.Service("np", "10.96.0.11", func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeNodePort
@@ -566,12 +578,22 @@ func TestConnectionStorm(t *testing.T) {
 		t.Fatalf("the long-lived connection: %v", err)
 	}
 	pin := envs[t].pin
-	if got := maxEntries(t, filepath.Join(pin, "weft_ct")); got != weftebpf.MinCTMax {
-		t.Fatalf("weft_ct holds %d entries at most, want --bpf-ct-max's %d", got, weftebpf.MinCTMax)
+	size := maxEntries(t, filepath.Join(pin, "weft_ct"))
+	if (ctMax != 0 && size != ctMax) || (ctMax == 0 && size < weftebpf.CTMaxFor(0)) {
+		t.Fatalf("weft_ct holds %d entries at most, want --bpf-ct-max's %d (0: sized from memory, at least %d)", size, ctMax, weftebpf.CTMaxFor(0))
 	}
-	if _, err := outsideDo(outsideRequest{NS: n.Ext, Addr: long, Short: 4 * weftebpf.MinCTMax}); err != nil {
-		t.Fatalf("the storm: %v", err)
+	rate := func(k int) float64 {
+		t.Helper()
+		start := time.Now()
+		if _, err := outsideDo(outsideRequest{NS: n.Ext, Addr: long, Short: k}); err != nil {
+			t.Fatalf("the storm: %v", err)
+		}
+		return float64(k) / time.Since(start).Seconds()
 	}
+	first := min(5000, storm/4)
+	idle := rate(first)
+	rest := rate(storm - first)
+	t.Logf("%d short connections: %.0f/s for the first %d, %.0f/s for the other %d (%.3f×)", storm, idle, first, rest, storm-first, rest/idle)
 	for _, m := range []string{"weft_ct", "weft_nat_rev"} {
 		if got := entries(t, filepath.Join(pin, m)); got > weftebpf.MinCTMax/10 {
 			t.Errorf("%s holds %d entries after the storm, want the closed connections' gone", m, got)
