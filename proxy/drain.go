@@ -93,9 +93,9 @@ func goneEndpoints(st model.State, changed map[model.ServicePortName]model.Prior
 	return out
 }
 
-// goneFilter selects the conntrack entries of TCP connections to gone
-// endpoints through their Services that are open (established, or closing
-// but not closed).
+// goneFilter is the gone endpoints by address and port. As a conntrack
+// filter it selects the entries of the open TCP connections (established,
+// or closing but not closed) to them through the ports they left.
 type goneFilter map[netip.AddrPort][]GoneEndpoint
 
 func newGoneFilter(gone []GoneEndpoint) goneFilter {
@@ -125,6 +125,12 @@ func (f goneFilter) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
 		return false
 	}
 	dst, _ := addrPort(c.Forward.DstIP, c.Forward.DstPort)
+	return f.through(ep, dst)
+}
+
+// through reports whether a connection to endpoint ep addressed to dst
+// went through a port ep left.
+func (f goneFilter) through(ep, dst netip.AddrPort) bool {
 	return slices.ContainsFunc(f[ep], func(g GoneEndpoint) bool { return g.fronts(dst) })
 }
 

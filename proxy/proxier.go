@@ -77,9 +77,13 @@ type Proxier struct {
 	everSynced  bool
 	lastSyncOK  atomic.Int64
 	// Resets of gone endpoints run off the sync loop (one waits for its
-	// clients' answers), one at a time (resetMu); Run waits for them.
-	resetMu sync.Mutex
-	resetWG sync.WaitGroup
+	// clients' answers), one at a time (resetMu); pending counts those
+	// queued and not done (under pendingMu, idle signalled at 0), which
+	// Run waits for.
+	resetMu   sync.Mutex
+	pendingMu sync.Mutex
+	pending   int
+	idle      *sync.Cond
 }
 
 // New returns a proxier; feed it events, then Run it.
@@ -93,6 +97,7 @@ func New(b Backend, o Options) *Proxier {
 	p := &Proxier{opts: o, backend: b, tracker: model.NewTracker(), metrics: NewMetrics(), started: time.Now(),
 		synced: make(chan struct{}), unflushed: map[model.ServicePortName]model.Prior{},
 		healthPorts: map[model.ServicePortName]bool{}}
+	p.idle = sync.NewCond(&p.pendingMu)
 	p.runner = runner.New(p.sync, o.MinSyncPeriod, o.SyncPeriod)
 	return p
 }
@@ -152,7 +157,7 @@ func (p *Proxier) Run(ctx context.Context) {
 	if p.opts.Health != nil {
 		defer p.opts.Health.Close() // the node ports are free again once Run returns
 	}
-	defer p.resetWG.Wait()
+	defer p.WaitResets()
 	select {
 	case <-ctx.Done():
 		return
@@ -295,12 +300,29 @@ func (p *Proxier) flushConntrack(st model.State, changed map[model.ServicePortNa
 	}
 }
 
+// WaitResets waits until no reset of gone endpoints is queued or running.
+func (p *Proxier) WaitResets() {
+	p.pendingMu.Lock()
+	defer p.pendingMu.Unlock()
+	for p.pending > 0 {
+		p.idle.Wait()
+	}
+}
+
 // queueReset resets the connections to gone endpoints in the background,
 // after any reset still running, counting and logging what it did.
 func (p *Proxier) queueReset(gone []GoneEndpoint) {
-	p.resetWG.Add(1)
+	p.pendingMu.Lock()
+	p.pending++
+	p.pendingMu.Unlock()
 	go func() {
-		defer p.resetWG.Done()
+		defer func() {
+			p.pendingMu.Lock()
+			if p.pending--; p.pending == 0 {
+				p.idle.Broadcast()
+			}
+			p.pendingMu.Unlock()
+		}()
 		p.resetMu.Lock()
 		defer p.resetMu.Unlock()
 		res := p.opts.ResetTCP(gone)

@@ -154,15 +154,10 @@ func Build(c Config) (*Proxier, Backend, error) {
 	case *userspace.Backend:
 		// The proxy holds both ends of each connection: it resets them.
 		o.ResetTCP = func(gone []GoneEndpoint) ResetResult {
-			type key struct {
-				port model.ServicePortName
-				ep   netip.AddrPort
-			}
-			set := map[key]bool{}
-			for _, g := range gone {
-				set[key{g.Service, g.Endpoint}] = true
-			}
-			return ResetResult{Reset: eb.ResetTCP(func(port model.ServicePortName, ep netip.AddrPort) bool { return set[key{port, ep}] })}
+			f := newGoneFilter(gone)
+			return ResetResult{Reset: eb.ResetTCP(func(port model.ServicePortName, ep netip.AddrPort) bool {
+				return slices.ContainsFunc(f[ep], func(g GoneEndpoint) bool { return g.Service == port })
+			})}
 		}
 	default:
 		o.ResetTCP = resetConntrack
@@ -182,8 +177,8 @@ func Build(c Config) (*Proxier, Backend, error) {
 	return p, b, nil
 }
 
-// Modes are the service proxy modes, the default first.
-var Modes = []string{"iptables", "nftables", "ipvs", "ebpf", "userspace"}
+// modes are the service proxy modes, the default first.
+var modes = []string{"iptables", "nftables", "ipvs", "ebpf", "userspace"}
 
 // takeOver removes what the other modes left on the node: a node switched
 // from one mode to another must keep no rules of the old one, which would
@@ -203,7 +198,7 @@ func takeOver(ctx context.Context, c Config) error {
 		current = "iptables"
 	}
 	var errs []error
-	for _, m := range Modes {
+	for _, m := range modes {
 		if m == current || !leftBehind(m, c) {
 			continue
 		}
@@ -310,24 +305,18 @@ func newEBPF(c Config) (*ebpf.Backend, error) {
 // the socket programs connected is connected to the backend itself; a
 // flow from outside addresses the frontend.
 func ebpfFlows(b *ebpf.Backend, gone []GoneEndpoint) ([]tcpreset.Flow, error) {
-	byEndpoint := map[netip.AddrPort][]GoneEndpoint{}
-	for _, g := range gone {
-		byEndpoint[g.Endpoint] = append(byEndpoint[g.Endpoint], g)
-	}
-	flows, err := b.TCPFlows(slices.Collect(maps.Keys(byEndpoint)))
+	filter := newGoneFilter(gone)
+	flows, err := b.TCPFlows(slices.Collect(maps.Keys(filter)))
 	var out []tcpreset.Flow
 	for _, f := range flows {
-		for _, g := range byEndpoint[f.Backend] {
-			if !g.fronts(f.Frontend) {
-				continue
-			}
-			server := f.Frontend
-			if f.Socket {
-				server = f.Backend
-			}
-			out = append(out, tcpreset.Flow{Client: f.Client, Server: server})
-			break
+		if !filter.through(f.Backend, f.Frontend) {
+			continue
 		}
+		server := f.Frontend
+		if f.Socket {
+			server = f.Backend
+		}
+		out = append(out, tcpreset.Flow{Client: f.Client, Server: server})
 	}
 	return out, err
 }

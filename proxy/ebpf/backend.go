@@ -66,6 +66,10 @@ type Backend struct {
 	// stopWatch ends the conntrack maps' pressure watch (started with the
 	// programs).
 	stopWatch chan struct{}
+	// adopt: the per-packet programs did not run before this backend
+	// loaded them (no pinned conntrack map, or the mode was retired), so
+	// the first sync adopts the connections the kernel translates.
+	adopt bool
 	// failed: the last apply failed, the next one is full.
 	failed bool
 	// synced: a sync attached the programs (start).
@@ -162,10 +166,13 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		}
 		b.synced = true
 		full = true
-		// Before the per-packet programs run: the connections another mode
-		// translated stay with the kernel's conntrack.
-		if err := b.adoptKernelFlows(); err != nil {
-			return fmt.Errorf("taking over the connections the kernel's conntrack translates: %w", err)
+		// Before the per-packet programs run on a node where they did not
+		// (or were retired): the connections another mode translated stay
+		// with the kernel's conntrack.
+		if b.adopt {
+			if err := b.adoptKernelFlows(); err != nil {
+				return fmt.Errorf("taking over the connections the kernel's conntrack translates: %w", err)
+			}
 		}
 	} else if err := b.reattach(); err != nil {
 		return fmt.Errorf("attaching detached programs again: %w", err)
@@ -317,6 +324,9 @@ func (b *Backend) prepare() error {
 		_ = objs.Close()
 		_ = np.Close()
 	}()
+	_, pinned := os.Stat(filepath.Join(b.cfg.PinPath, "weft_ct"))
+	_, retired := os.Stat(filepath.Join(b.cfg.PinPath, retiredMarker))
+	adopt := pinned != nil || retired == nil
 	if err := loadPerPacket(&np, opts, b.cfg.masqMark(), b.cfg.CTMax); err != nil {
 		return fmt.Errorf("loading the per-packet programs: %w", err)
 	}
@@ -340,7 +350,7 @@ func (b *Backend) prepare() error {
 		return err
 	}
 	loaded = true
-	b.objs, b.np, b.w, b.uplinks, b.udp, b.tcp = &objs, &np, w, uplinks, udp, tcp
+	b.objs, b.np, b.w, b.uplinks, b.udp, b.tcp, b.adopt = &objs, &np, w, uplinks, udp, tcp, adopt
 	return nil
 }
 
@@ -411,6 +421,12 @@ func (b *Backend) attach(h hook, prog *ebpf.Program) (link.Link, error) {
 func (b *Backend) Close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.release()
+}
+
+// release closes the backend's programs, maps and links and stops the
+// pressure watch; what is pinned stays. b.mu is held.
+func (b *Backend) release() {
 	for _, l := range b.links {
 		_ = l.Close()
 	}
@@ -447,50 +463,18 @@ func (b *Backend) Close() {
 func (b *Backend) Cleanup() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var errs []error
 	for _, l := range b.links {
 		_ = l.Unpin()
-		_ = l.Close()
 	}
-	b.links = nil
-	if b.stopWatch != nil {
-		close(b.stopWatch)
-		b.stopWatch = nil
-	}
-	if err := b.cleanupTC(); err != nil {
+	b.release()
+	errs := detachHookLinks(b.cfg.PinPath)
+	// Every device: weft's pinned tcx links and its cls_bpf filters
+	// (other programs and filters stay, and so does a clsact qdisc).
+	if err := removeTC(b.cfg.PinPath, func(int, bool) bool { return false }); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeMasq(b.ipt, b.cfg.Families); err != nil {
 		errs = append(errs, err)
-	}
-	if b.objs != nil {
-		_ = b.objs.Close()
-		_ = b.np.Close()
-		b.objs, b.np, b.w = nil, nil, nil
-		b.synced = false
-	}
-	if b.udp != nil {
-		b.udp.close()
-		b.udp = nil
-	}
-	if b.tcp != nil {
-		b.tcp.close()
-		b.tcp = nil
-	}
-	for _, h := range hooks {
-		path := filepath.Join(b.cfg.PinPath, "link_"+h.name)
-		l, err := link.LoadPinnedLink(path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("cleanup: loading %s: %w", path, err))
-			continue
-		}
-		if err := l.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("cleanup: unpinning %s: %w", path, err))
-		}
-		_ = l.Close() // the last reference: the program detaches
 	}
 	for _, name := range append(mapNames, retiredMarker) {
 		if err := os.Remove(filepath.Join(b.cfg.PinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -501,4 +485,26 @@ func (b *Backend) Cleanup() error {
 		errs = append(errs, fmt.Errorf("cleanup: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// detachHookLinks unpins and closes weft's pinned cgroup links under
+// pinPath: with no process holding them any more, their programs detach.
+func detachHookLinks(pinPath string) []error {
+	var errs []error
+	for _, h := range hooks {
+		path := filepath.Join(pinPath, "link_"+h.name)
+		l, err := link.LoadPinnedLink(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("loading %s: %w", path, err))
+			continue
+		}
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpinning %s: %w", path, err))
+		}
+		_ = l.Close() // the last reference: the program detaches
+	}
+	return errs
 }

@@ -2,10 +2,7 @@ package ebpf_test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -74,13 +71,20 @@ func TestMapWrites(t *testing.T) {
 	}
 }
 
-func entries(t *testing.T, path string) int {
+// pinnedMap opens the map pinned at path for the rest of the test.
+func pinnedMap(t *testing.T, path string) *ebpf.Map {
 	t.Helper()
 	m, err := ebpf.LoadPinnedMap(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func entries(t *testing.T, path string) int {
+	t.Helper()
+	m := pinnedMap(t, path)
 	n := 0
 	it := m.Iterate()
 	var k, v []byte
@@ -578,7 +582,7 @@ func TestConnectionStorm(t *testing.T) {
 		t.Fatalf("the long-lived connection: %v", err)
 	}
 	pin := envs[t].pin
-	size := maxEntries(t, filepath.Join(pin, "weft_ct"))
+	size := int(pinnedMap(t, filepath.Join(pin, "weft_ct")).MaxEntries())
 	if (ctMax != 0 && size != ctMax) || (ctMax == 0 && size < weftebpf.CTMaxFor(0)) {
 		t.Fatalf("weft_ct holds %d entries at most, want --bpf-ct-max's %d (0: sized from memory, at least %d)", size, ctMax, weftebpf.CTMaxFor(0))
 	}
@@ -613,23 +617,15 @@ func TestConnectionStorm(t *testing.T) {
 	}
 }
 
-func maxEntries(t *testing.T, path string) int {
-	t.Helper()
-	m, err := ebpf.LoadPinnedMap(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	return int(m.MaxEntries())
-}
-
 // TestHandOverToAnotherMode: the iptables mode taking over a node from the
 // eBPF mode keeps a connection from outside to a NodePort and one from a
 // pod to a ClusterIP that the eBPF mode translated, detaches the socket
 // programs at once, and removes the rest once the connection from outside
 // has closed.
 func TestHandOverToAnotherMode(t *testing.T) {
+	every := proxy.EBPFDrainEvery
 	proxy.EBPFDrainEvery = 200 * time.Millisecond
+	t.Cleanup(func() { proxy.EBPFDrainEvery = every })
 	n := proxytest.NewNode(t, backend, "a", "b")
 	n.Svcs = []*corev1.Service{proxytest.Service("np", "10.96.0.11", func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeNodePort
@@ -663,15 +659,8 @@ func TestHandOverToAnotherMode(t *testing.T) {
 	// The eBPF mode's process ends; the iptables mode's starts.
 	n.Backend.(*weftebpf.Backend).Close()
 	c := n.Config
-	c.Mode, c.MinSyncPeriod, c.Log = "iptables", 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, _, err := proxy.Build(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; _ = p.Cleanup() })
+	c.Mode = "iptables"
+	p := proxytest.RunProxier(t, c)
 	for _, s := range n.Svcs {
 		p.OnService(nil, s)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/proxy/model"
@@ -590,13 +591,16 @@ func TestClosedFlowsLeave(t *testing.T) {
 
 // TestAffinityTimeout: with ClientIP affinity, a client's new flows from
 // outside go to the backend of its last one while the timeout runs and
-// that backend stays; once the timeout has passed, its flows are balanced
-// again (over several flows, more than one backend).
+// that backend stays; a remembered backend whose timeout has passed is
+// not used: the flow is balanced (by its 5-tuple) and remembered anew.
+// The expiry is made by writing an aged entry (bpf_ktime_get_ns is
+// CLOCK_MONOTONIC), so no test waits for a clock.
 func TestAffinityTimeout(t *testing.T) {
 	e := newTCEnv(t)
 	three := backends(ext(podX, 80), ext(podY, 80), ext(netip.MustParseAddr("10.250.1.4"), 80))
 	front := nodePort(nodeIP, 30080)
-	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: 1, Backends: three}})
+	const timeout = 3600
+	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: timeout, Backends: three}})
 	to := func(sport uint16) netip.AddrPort {
 		return parsePacket(t, second(e.run(e.objs.WeftNodeport, packet{src: ext(client, sport), dst: ext(nodeIP, 30080)}.bytes()))).dst
 	}
@@ -614,7 +618,7 @@ func TestAffinityTimeout(t *testing.T) {
 			rest = append(rest, b)
 		}
 	}
-	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: 1, Backends: rest}})
+	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: timeout, Backends: rest}})
 	next := to(41000)
 	if next == first {
 		t.Fatalf("a new flow went to %s, which left the Service", first)
@@ -624,16 +628,32 @@ func TestAffinityTimeout(t *testing.T) {
 			t.Fatalf("flow from port %d went to %s, the client's last to %s", sport, got, next)
 		}
 	}
-	// Past the timeout, a client's next flow is balanced again: over eight
-	// rounds, each after the timeout, more than one backend (all three
-	// the same by chance: 1 in 2,187).
-	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: 1, Backends: three}})
-	seen := map[netip.AddrPort]bool{}
-	for round := range uint16(8) {
-		time.Sleep(1100 * time.Millisecond)
-		seen[to(43000+round)] = true
+	// An entry older than the timeout: each flow after it is balanced by
+	// its 5-tuple (over 20 flows, not all to the aged entry's backend: 1
+	// in 3^20 by chance) and remembered with a fresh time.
+	e.program(map[FrontendKey]Frontend{front: {AffinitySeconds: timeout, Backends: three}})
+	key := nodeportExtAffinityKey{SvcId: e.w.fronts[front].id, Addr: toWords(client)}
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		t.Fatal(err)
 	}
-	if len(seen) < 2 {
-		t.Fatalf("eight flows, each after the affinity timeout, all went to %v", seen)
+	aged := uint64(now.Nano()) - (timeout+1)*uint64(time.Second)
+	moved := false
+	for sport := uint16(42000); sport < 42020; sport++ {
+		if err := e.objs.WeftExtAffinity.Put(key, nodeportExtAffinityValue{LastNs: aged, BackendId: e.w.backendID[first]}); err != nil {
+			t.Fatal(err)
+		}
+		got := to(sport)
+		moved = moved || got != first
+		var v nodeportExtAffinityValue
+		if err := e.objs.WeftExtAffinity.Lookup(key, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.LastNs <= aged || e.w.backendAddr[v.BackendId] != got {
+			t.Fatalf("after an expired entry, the client's entry holds %s from %d, want %s from after %d", e.w.backendAddr[v.BackendId], v.LastNs, got, aged)
+		}
+	}
+	if !moved {
+		t.Fatalf("20 flows after an expired entry all went to its backend %s", first)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,20 +37,7 @@ func (b *Backend) Retire() (time.Time, error) {
 	if err != nil {
 		return since, fmt.Errorf("marking the eBPF mode retired: %w", err)
 	}
-	var errs []error
-	for _, h := range hooks {
-		path := filepath.Join(b.cfg.PinPath, "link_"+h.name)
-		l, err := link.LoadPinnedLink(path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("loading %s: %w", path, err))
-			continue
-		}
-		_ = l.Unpin()
-		_ = l.Close() // the last reference: the program detaches
-	}
+	errs := detachHookLinks(b.cfg.PinPath)
 	if err := clearMap(filepath.Join(b.cfg.PinPath, "weft_services")); err != nil {
 		errs = append(errs, err)
 	}

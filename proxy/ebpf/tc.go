@@ -252,20 +252,6 @@ func clsact(idx int) *netlink.GenericQdisc {
 		Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
 }
 
-// cleanupTC removes weft's per-packet programs from every device: its
-// pinned tcx links and its cls_bpf filters (by priority, handle and
-// name); other programs and filters stay, and so does a clsact qdisc
-// (weft cannot tell whether it added it).
-func (b *Backend) cleanupTC() error {
-	for _, a := range b.tc {
-		if a.link != nil {
-			_ = a.link.Close()
-		}
-	}
-	b.tc = map[tcHook]tcAttached{}
-	return removeTC(b.cfg.PinPath, func(int, bool) bool { return false })
-}
-
 // dropStaleTC removes weft's per-packet programs from the devices and
 // sides that should not run one (such as the pod bridge, where an earlier
 // version translated replies).

@@ -93,12 +93,21 @@ func (f *tcpFlowFinder) find(backends []netip.AddrPort) ([]Flow, error) {
 // backends: those its socket programs connected (open ones), and those
 // its per-packet programs translated from outside (weft_ct, which holds
 // no TCP state: open ones, and closed ones the LRU map has not evicted).
+// The backend's lock is held only to take the map and the finder: a sync
+// does not wait for the reading.
 func (b *Backend) TCPFlows(backends []netip.AddrPort) ([]Flow, error) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.np == nil {
+		b.mu.Unlock()
 		return nil, nil
 	}
+	ct, err := b.np.WeftCt.Clone()
+	finder := b.tcp
+	b.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("weft_ct: %w", err)
+	}
+	defer ct.Close()
 	want := map[netip.AddrPort]bool{}
 	for _, be := range backends {
 		want[be] = true
@@ -108,7 +117,7 @@ func (b *Backend) TCPFlows(backends []netip.AddrPort) ([]Flow, error) {
 		v   nodeportCtValue
 		out []Flow
 	)
-	it := b.np.WeftCt.Iterate()
+	it := ct.Iterate()
 	for it.Next(&k, &v) {
 		be := netip.AddrPortFrom(fromWords(v.Baddr), ntohs(v.Bport))
 		if k.Proto != unix.IPPROTO_TCP || !want[be] {
@@ -120,10 +129,10 @@ func (b *Backend) TCPFlows(backends []netip.AddrPort) ([]Flow, error) {
 	if err := it.Err(); err != nil {
 		return out, fmt.Errorf("reading weft_ct: %w", err)
 	}
-	if b.tcp == nil {
+	if finder == nil {
 		return out, nil
 	}
-	sock, err := b.tcp.find(backends)
+	sock, err := finder.find(backends)
 	return append(out, sock...), err
 }
 

@@ -328,11 +328,11 @@ func restart(t *testing.T, b Backend) {
 	}
 }
 
-// runProxier runs the whole proxy (tracker, runner, backend, health checks,
-// conntrack cleanup) on the node, fed directly with objects.
-func runProxier(t *testing.T, n *Node) *proxy.Proxier {
+// RunProxier runs the whole proxy (tracker, runner, backend, health
+// checks, conntrack cleanup) built from c (a node's Config, or one changed
+// from it), fed directly with objects, until the test ends.
+func RunProxier(t *testing.T, c proxy.Config) *proxy.Proxier {
 	t.Helper()
-	c := n.Config
 	c.HealthCheckPorts, c.MinSyncPeriod, c.Log = true, 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil))
 	p, _, err := proxy.Build(c)
 	if err != nil {
@@ -401,7 +401,7 @@ func udpTargetPortChanged(t *testing.T, b Backend) {
 func udpMove(t *testing.T, b Backend, n *Node, addr string, mutate func(*corev1.Service), old, next *discoveryv1.EndpointSlice, first, then string) {
 	t.Helper()
 	b.Need(t, UDPSocketMove)
-	p := runProxier(t, n)
+	p := RunProxier(t, n.Config)
 	svc := Service("dns", "10.96.0.53", func(s *corev1.Service) {
 		s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 81, Protocol: corev1.ProtocolUDP}}
 		if mutate != nil {
@@ -460,7 +460,7 @@ func udpMove(t *testing.T, b Backend, n *Node, addr string, mutate func(*corev1.
 // healthCheckNodePort: 200 with the local endpoint count, 503 without.
 func healthCheckNodePort(t *testing.T, b Backend) {
 	n := NewNode(t, b, "a")
-	p := runProxier(t, n)
+	p := RunProxier(t, n.Config)
 	svc := Service("local", "10.96.0.12", func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer // health-check node ports are a LoadBalancer feature
 		s.Spec.Ports = s.Spec.Ports[:1]

@@ -68,7 +68,7 @@ func TestProxyModeSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(4 * time.Minute)
-		for j := 0; !replaced(t, c, before); j++ {
+		for j := 0; !rolled(t, c, before, ""); j++ {
 			for _, s := range streams {
 				s.exchange(t, fmt.Sprintf("switch %d to %s, during %d", i+1, mode, j))
 			}
@@ -96,27 +96,4 @@ func TestProxyModeSwitch(t *testing.T) {
 			}
 		}
 	}
-}
-
-// replaced reports whether every node runs a new, ready agent pod (none of
-// before).
-func replaced(t *testing.T, c *cluster, before map[string]string) bool {
-	t.Helper()
-	now := agentPods(t, c)
-	if len(now) < len(before) {
-		return false
-	}
-	pods, err := c.client.CoreV1().Pods("weft-system").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=weft-agent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp != nil {
-			continue
-		}
-		if strings.HasPrefix(before[p.Spec.NodeName], string(p.UID)+" ") || !podReady(&p) {
-			return false
-		}
-	}
-	return true
 }

@@ -104,7 +104,7 @@ func TestUpgradeAndUninstall(t *testing.T) {
 	for i := 0; ; i++ {
 		direct.exchange(t, fmt.Sprintf("during rollout %d", i))
 		viaService.exchange(t, fmt.Sprintf("during rollout %d", i))
-		if rolled(t, c, before) {
+		if rolled(t, c, before, lab.WeftImage+":v2") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -308,8 +308,9 @@ func agentPods(t *testing.T, c *cluster) map[string]string {
 	return out
 }
 
-// rolled reports whether every node runs a new, ready agent pod of v2.
-func rolled(t *testing.T, c *cluster, before map[string]string) bool {
+// rolled reports whether every node runs a new, ready agent pod (of
+// image, unless it is "").
+func rolled(t *testing.T, c *cluster, before map[string]string, image string) bool {
 	t.Helper()
 	pods, err := c.client.CoreV1().Pods("weft-system").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=weft-agent"})
 	if err != nil {
@@ -318,7 +319,7 @@ func rolled(t *testing.T, c *cluster, before map[string]string) bool {
 	done := map[string]bool{}
 	for _, p := range pods.Items {
 		old := strings.HasPrefix(before[p.Spec.NodeName], string(p.UID)+" ")
-		if !old && p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == lab.WeftImage+":v2" && podReady(&p) {
+		if !old && p.DeletionTimestamp == nil && (image == "" || p.Spec.Containers[0].Image == image) && podReady(&p) {
 			done[p.Spec.NodeName] = true
 		}
 	}

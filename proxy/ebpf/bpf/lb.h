@@ -16,6 +16,10 @@
 //     master entry with the new count and half, so a reader sees the old
 //     list or the new one, never a mix.
 //   backends: backend id -> address and port.
+//   affinity_members: (frontend id, backend id) for the active backends of
+//     frontends with ClientIP affinity: a remembered backend (sock.c's
+//     affinity, nodeport.c's ext_affinity) that left the frontend's list
+//     is not used, even while other frontends keep it.
 
 #ifndef WEFT_LB_H
 #define WEFT_LB_H
@@ -79,6 +83,20 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weft_backends SEC(".maps");
+
+struct affinity_member {
+	__u32 svc_id;
+	__u32 backend_id;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct affinity_member);
+	__type(value, __u8);
+	__uint(max_entries, 1 << 18);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weft_affinity_members SEC(".maps");
 
 // slot_of is the slot holding the n-th active backend of master m.
 static __always_inline __u16 slot_of(const struct svc_value *m, __u32 n)

@@ -433,22 +433,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weft_ext_affinity SEC(".maps");
 
-// The socket programs' map (sock.c), shared by pin: (frontend id, backend
-// id) for the active backends of frontends with affinity.
-struct affinity_member {
-	__u32 svc_id;
-	__u32 backend_id;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct affinity_member);
-	__type(value, __u8);
-	__uint(max_entries, 1 << 18);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weft_affinity_members SEC(".maps");
-
 // remembered returns 1 and sets *id to the backend of the last flow of
 // p's client to frontend m when that was within m's affinity timeout and
 // the backend is still an active member; ak and now are filled for

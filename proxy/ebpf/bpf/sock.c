@@ -7,12 +7,10 @@
 // the Service address where the application can see it (recvmsg for UDP
 // replies, getpeername).
 //
-// Maps (services and backends: see lb.h; revnat: see revnat.h):
+// Maps (services, backends and affinity_members: see lb.h; revnat: see
+// revnat.h):
 //   affinity: (network namespace cookie, frontend id) -> backend id and
 //     last use, for ClientIP session affinity (a pod has one namespace).
-//   affinity_members: (frontend id, backend id) for the active backends of
-//     frontends with affinity: a remembered backend that left the
-//     frontend's list is not used, even while other frontends keep it.
 
 #include "lb.h"
 #include "revnat.h"
@@ -32,11 +30,6 @@ struct affinity_value {
 	__u32 pad;
 };
 
-struct affinity_member {
-	__u32 svc_id;
-	__u32 backend_id;
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct affinity_key);
@@ -44,15 +37,6 @@ struct {
 	__uint(max_entries, 1 << 16);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weft_affinity SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct affinity_member);
-	__type(value, __u8);
-	__uint(max_entries, 1 << 18);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weft_affinity_members SEC(".maps");
 
 static __always_inline void v4_addr(__u32 addr[4], __u32 ip)
 {

@@ -109,15 +109,7 @@ func targetSlice(name string, port int32, server netip.Addr) *discoveryv1.Endpoi
 // connRates measures the connection rates in box b, whose proxy has
 // programmed every Service.
 func (e *env) connRates(ctx context.Context, b *box) connResult {
-	client, err := b.pod("client", connClient)
-	if err != nil {
-		return connResult{err: err}
-	}
-	server, err := b.pod("server", connServer)
-	if err != nil {
-		return connResult{err: err}
-	}
-	stop, err := startServer(server, "server")
+	client, stop, err := b.clientServer("client", connClient, "server", connServer, "server")
 	if err != nil {
 		return connResult{err: err}
 	}
@@ -205,6 +197,22 @@ func (e *env) startClient(ns, spec string, stdout, stderr io.Writer) (*exec.Cmd,
 		return nil, fmt.Errorf("starting the client: %w", err)
 	}
 	return cmd, nil
+}
+
+// clientServer makes a client pod and a server pod in b (names and
+// addresses) and starts the server process (connEnv=mode) in its pod; it
+// returns the client pod's namespace path and what stops the server.
+func (b *box) clientServer(client string, clientIP netip.Addr, server string, serverIP netip.Addr, mode string) (string, func(), error) {
+	cns, err := b.pod(client, clientIP)
+	if err != nil {
+		return "", nil, err
+	}
+	sns, err := b.pod(server, serverIP)
+	if err != nil {
+		return "", nil, err
+	}
+	stop, err := startServer(sns, mode)
+	return cns, stop, err
 }
 
 // startServer starts the server process (connEnv=mode) in the server

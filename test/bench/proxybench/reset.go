@@ -55,15 +55,7 @@ type resetResult struct {
 
 // resetTimes measures in box b, whose proxy has programmed every Service.
 func (e *env) resetTimes(ctx context.Context, b *box) resetResult {
-	client, err := b.pod("rclient", resetClient)
-	if err != nil {
-		return resetResult{err: err}
-	}
-	server, err := b.pod("rserver", resetServer)
-	if err != nil {
-		return resetResult{err: err}
-	}
-	stop, err := startServer(server, "reset-server")
+	client, stop, err := b.clientServer("rclient", resetClient, "rserver", resetServer, "reset-server")
 	if err != nil {
 		return resetResult{err: err}
 	}
