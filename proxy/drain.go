@@ -20,7 +20,8 @@ import (
 // no longer matches the Service), the TCP connections clients opened to
 // it through the Service are reset at the clients (tcpreset): a client
 // waiting for a reply from a backend that vanished without closing gets
-// ECONNRESET at once instead of hanging until its own timeout. Connections
+// ECONNRESET at once instead of hanging until its own timeout (a client on
+// the node itself, whose socket is aborted, ECONNABORTED). Connections
 // to endpoints still in the slice are never touched; a Service annotated
 // weft.dev/reset-connections: "false" keeps them all; a deleted Service's
 // connections keep their conntrack path, as in kube-proxy.
@@ -44,8 +45,9 @@ func (g GoneEndpoint) fronts(dst netip.AddrPort) bool {
 // ResetResult counts what one reset did.
 type ResetResult struct {
 	Reset       int // connections reset at their clients
+	Aborted     int // connections of clients on the node itself, their sockets destroyed
 	Unanswered  int // clients that did not answer (gone, or already closed)
-	Unreachable int // clients the node cannot send to (on the node itself)
+	Unreachable int // clients the node cannot reach
 	Err         error
 }
 
@@ -181,5 +183,6 @@ func resetConntrack(gone []GoneEndpoint) ResetResult {
 // them, reported with the reset's.
 func resetFlows(flows []tcpreset.Flow, err error) ResetResult {
 	res := tcpreset.Reset(flows, resetWait)
-	return ResetResult{Reset: len(res.Reset), Unanswered: len(res.Unanswered), Unreachable: len(res.Unreachable), Err: errors.Join(err, res.Err)}
+	return ResetResult{Reset: len(res.Reset), Aborted: len(res.Aborted), Unanswered: len(res.Unanswered), Unreachable: len(res.Unreachable),
+		Err: errors.Join(err, res.Err)}
 }

@@ -65,7 +65,7 @@ func NewMetrics() *Metrics {
 		}),
 		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_proxy_connections_reset_total",
-			Help: "TCP connections to endpoints that left their Service, by result: reset at the client, unanswered (the client did not answer), unreachable (the client is on the node itself)",
+			Help: "TCP connections to endpoints that left their Service, by result: reset at the client, aborted (a client on the node itself: its socket destroyed), unanswered (the client did not answer), unreachable (the node cannot reach the client)",
 		}, []string{"result"}),
 	}
 	m.Registry.MustRegister(m.syncDuration, m.syncFull, m.syncPartial, m.programming, m.lastSync, m.syncErrors, m.servicePorts, m.resets)
@@ -95,6 +95,7 @@ func (m *Metrics) observeSync(start time.Time, full bool) {
 // observeReset counts one reset's connections by result.
 func (m *Metrics) observeReset(r ResetResult) {
 	m.resets.WithLabelValues("reset").Add(float64(r.Reset))
+	m.resets.WithLabelValues("aborted").Add(float64(r.Aborted))
 	m.resets.WithLabelValues("unanswered").Add(float64(r.Unanswered))
 	m.resets.WithLabelValues("unreachable").Add(float64(r.Unreachable))
 }

@@ -331,9 +331,9 @@ func (p *Proxier) queueReset(gone []GoneEndpoint) {
 		for i, g := range gone {
 			eps[i] = g.Service.String() + " " + g.Endpoint.String()
 		}
-		if res.Reset+res.Unanswered+res.Unreachable > 0 {
+		if res.Reset+res.Aborted+res.Unanswered+res.Unreachable > 0 {
 			p.opts.Log.Info("reset the connections of removed endpoints", "endpoints", eps,
-				"reset", res.Reset, "unanswered", res.Unanswered, "unreachable", res.Unreachable)
+				"reset", res.Reset, "aborted", res.Aborted, "unanswered", res.Unanswered, "unreachable", res.Unreachable)
 		}
 		if res.Err != nil {
 			p.opts.Log.Warn("resetting the connections of removed endpoints", "endpoints", eps, "err", res.Err)

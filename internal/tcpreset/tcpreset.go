@@ -16,6 +16,10 @@
 // node's netfilter, so they create no conntrack entry of their own and the
 // client's answer meets the connection's existing one (which still leads
 // to the gone server).
+//
+// A client on the node itself (a host-network pod, the node's own
+// processes) is not behind a device: its socket is aborted in place
+// (destroy.go), and fails with ECONNABORTED.
 package tcpreset
 
 import (
@@ -50,9 +54,13 @@ type Result struct {
 	// Unanswered are the flows whose client sent nothing within the wait
 	// (the client itself is gone, or the connection already closed).
 	Unanswered []Flow
-	// Unreachable are the flows whose client this node has no way to send
-	// to: a client on the node itself, or no neighbour entry for the next
-	// hop. Each is named with the reason in Err.
+	// Aborted are the flows whose client is on the node itself: its socket
+	// was destroyed (ECONNABORTED at the client).
+	Aborted []Flow
+	// Unreachable are the flows whose client this node has no way to
+	// reach: no route or neighbour entry for the next hop, or a client on
+	// the node whose socket the kernel cannot destroy. Each is named with
+	// the reason in Err.
 	Unreachable []Flow
 	Err         error
 }
@@ -94,6 +102,18 @@ func Reset(flows []Flow, wait time.Duration) Result {
 	var errs []error
 	for _, f := range flows {
 		hop, err := route(f.Client.Addr())
+		if errors.Is(err, errLocal) {
+			switch err := abort(f); {
+			case err == nil:
+				res.Aborted = append(res.Aborted, f)
+			case errors.Is(err, errNoSocket):
+				res.Unanswered = append(res.Unanswered, f)
+			default:
+				res.Unreachable = append(res.Unreachable, f)
+				errs = append(errs, fmt.Errorf("%s: %w", f, err))
+			}
+			continue
+		}
 		if err == nil {
 			err = hop.send(send, segment(f.Server, f.Client, rand.Uint32(), 0, flagSYN))
 		}
@@ -243,6 +263,9 @@ type nextHop struct {
 	v6      bool
 }
 
+// errLocal: the client's address is the node's own.
+var errLocal = errors.New("the client is on this node")
+
 // route finds the next hop toward client as the node's routing does.
 func route(client netip.Addr) (nextHop, error) {
 	routes, err := netlink.RouteGet(client.AsSlice())
@@ -251,7 +274,7 @@ func route(client netip.Addr) (nextHop, error) {
 	}
 	r := routes[0]
 	if r.Type == unix.RTN_LOCAL {
-		return nextHop{}, errors.New("the client is on this node")
+		return nextHop{}, errLocal
 	}
 	l, err := netlink.LinkByIndex(r.LinkIndex)
 	if err != nil {

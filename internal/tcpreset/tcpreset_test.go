@@ -150,8 +150,10 @@ func TestResetReachesWaitingClient(t *testing.T) {
 	}
 }
 
-// TestClientOnNode: a client on the node itself cannot be reached by a
-// packet sent out of a device: Reset says so instead of trying.
+// TestClientOnNode: a client on the node itself, blocked reading from a
+// server that sends nothing, is not behind a device: its socket is aborted
+// in place (ECONNABORTED), over IPv4 and IPv6; a flow with no socket is
+// left unanswered, and the client's other connection is untouched.
 func TestClientOnNode(t *testing.T) {
 	if testing.Short() || !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root (private network namespace), not -short")
@@ -159,9 +161,40 @@ func TestClientOnNode(t *testing.T) {
 	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	f := Flow{Client: netip.MustParseAddrPort("127.0.0.1:40000"), Server: netip.MustParseAddrPort("127.0.0.2:8080")}
-	if res := Reset([]Flow{f}, time.Second); len(res.Unreachable) != 1 || res.Err == nil {
-		t.Fatalf("%+v, want the flow unreachable with a reason", res)
+	const self = "/proc/self/ns/net" // the test process's own namespace
+	for _, tc := range []struct{ name, server string }{{"IPv4", "127.0.0.1:8080"}, {"IPv6", "[::1]:8080"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := connect(t, self, self, tc.server)
+			server := netip.MustParseAddrPort(tc.server)
+			other := connect(t, self, self, netip.AddrPortFrom(server.Addr(), 8081).String())
+			read := make(chan error, 1)
+			go func() {
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				_, err := c.Read(make([]byte, 1))
+				read <- err
+			}()
+			flow := Flow{Client: netip.MustParseAddrPort(c.LocalAddr().String()), Server: server}
+			stray := Flow{Client: netip.AddrPortFrom(flow.Client.Addr(), 9), Server: server}
+			res := Reset([]Flow{flow, stray}, time.Second)
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			if len(res.Aborted) != 1 || res.Aborted[0] != flow || len(res.Unanswered) != 1 || res.Unanswered[0] != stray || len(res.Reset)+len(res.Unreachable) > 0 {
+				t.Fatalf("%+v, want %v aborted and %v unanswered", res, flow, stray)
+			}
+			select {
+			case err := <-read:
+				if !errors.Is(err, syscall.ECONNABORTED) {
+					t.Fatalf("the client's read ended with %v, want ECONNABORTED", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the client's read still waits")
+			}
+			_ = other.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if _, err := other.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the other connection: %v, want it still open (read deadline)", err)
+			}
+		})
 	}
 }
 

@@ -100,8 +100,10 @@ func (c *echoConn) waitRead(limit time.Duration) <-chan error {
 // terminating but serving keeps working; once the endpoint (cut off
 // without closing anything, as a vanished pod) leaves the Service, the
 // client waiting on it gets ECONNRESET, through a ClusterIP and through a
-// NodePort from outside; a connection to the endpoint that stays is
-// untouched, and so is one through a Service that opted out.
+// NodePort from outside, and a client on the node itself ECONNABORTED (its
+// socket aborted; ECONNRESET where the backend owns the socket it
+// reached); a connection to the endpoint that stays is untouched, and so
+// is one through a Service that opted out.
 func resetOnRemoval(t *testing.T, b Backend) {
 	n := NewNode(t, b, "a", "b", "c")
 	p := RunProxier(t, n.Config)
@@ -123,6 +125,7 @@ func resetOnRemoval(t *testing.T, b Backend) {
 
 	c := netnsutil.Dialer(n.Pods["c"].NS, nil)
 	toA, toB, keptA := dialTo(t, c, "10.96.0.10:81", "a"), dialTo(t, c, "10.96.0.10:81", "b"), dialTo(t, c, "10.96.0.11:81", "a")
+	fromNode := dialTo(t, (&net.Dialer{}).DialContext, "10.96.0.10:81", "a")
 	var outsideA *echoConn
 	if b.Supports(ExternalTraffic) {
 		outsideA = dialTo(t, n.outsideDialer(), NodeIP+":30081", "a")
@@ -160,7 +163,7 @@ func resetOnRemoval(t *testing.T, b Backend) {
 	if out, err := exec.Command("ip", "-n", "proxytest-a", "link", "set", "eth0", "down").CombinedOutput(); err != nil {
 		t.Fatalf("cutting pod a off: %v: %s", err, out)
 	}
-	waits := map[string]<-chan error{"ClusterIP": toA.waitRead(10 * time.Second)}
+	waits := map[string]<-chan error{"ClusterIP": toA.waitRead(10 * time.Second), "ClusterIP from the node": fromNode.waitRead(10 * time.Second)}
 	if outsideA != nil {
 		waits["NodePort from outside"] = outsideA.waitRead(10 * time.Second)
 	}
@@ -169,7 +172,11 @@ func resetOnRemoval(t *testing.T, b Backend) {
 	update(&webSlice, Slice("web", n.Local("b")))
 	update(&keptSlice, Slice("kept", n.Local("b")))
 	for name, w := range waits {
-		if err := <-w; !errors.Is(err, syscall.ECONNRESET) {
+		err := <-w
+		if name == "ClusterIP from the node" && errors.Is(err, syscall.ECONNABORTED) {
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNRESET) {
 			t.Errorf("%s, to the removed endpoint: the client's read ended with %v, want ECONNRESET", name, err)
 		}
 	}
