@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // Input is the cluster state the compiler reads.
@@ -12,6 +13,10 @@ type Input struct {
 	Pods       []*corev1.Pod
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
+	// ClusterPolicies are the ClusterNetworkPolicies (both tiers); Nodes
+	// are what their nodes peers select.
+	ClusterPolicies []*cnpv1beta1.ClusterNetworkPolicy
+	Nodes           []*corev1.Node
 }
 
 // Desired is the compiled state: the rules of every pod that some policy

@@ -19,11 +19,13 @@ import (
 
 // TestProxyModeSwitch switches the proxy mode of a running eBPF lab by
 // its agents' ConfigMap, as docs/deploy.md says (the eBPF overlay, whose
-// agents can see and retire the eBPF mode's pins): to iptables, back to
-// eBPF, and to iptables again, each a rolling update. A pod's connection
+// agents can see and retire the eBPF mode's pins): through every pair of
+// the three modes each way (eBPF to nftables, to iptables, to nftables,
+// to eBPF, to iptables, to eBPF), each a rolling update. A pod's connection
 // through a ClusterIP, a connection from outside to a NodePort and a
 // pod-to-pod stream, opened before the first switch, answer during and
-// after every switch, and new connections reach the Service in each mode.
+// after every switch, new connections reach the Service in each mode, and
+// only the mode in force has its iptables chains or nftables table.
 func TestProxyModeSwitch(t *testing.T) {
 	c := upOptions(t, lab.Options{Nodes: 2, Routing: "hostgw", ProxyMode: "ebpf"})
 	ctx := context.Background()
@@ -62,7 +64,7 @@ func TestProxyModeSwitch(t *testing.T) {
 		openStream(t, c, "a pod's connection through the ClusterIP", clientNS, vip),
 		openStream(t, c, "a connection from outside to the NodePort", ext, nodePort),
 	}
-	for i, mode := range []string{"iptables", "ebpf", "iptables"} {
+	for i, mode := range []string{"nftables", "iptables", "nftables", "ebpf", "iptables", "ebpf"} {
 		before := agentPods(t, c)
 		if err := c.state.Reinstall(ctx, "proxy-mode="+mode); err != nil {
 			t.Fatal(err)
@@ -85,14 +87,23 @@ func TestProxyModeSwitch(t *testing.T) {
 		}
 		reachable(clientNS, vip)
 		reachable(ext, nodePort)
-		// The iptables mode's rules are there in iptables mode only.
+		// The iptables mode's chains are there in iptables mode only, the
+		// nftables mode's table in nftables mode only.
 		for _, m := range lab.NodeMembers(c.state.Members) {
-			var out []byte
-			if err := netnsutil.Do(m.NSPath(), func() (err error) { out, err = exec.Command("iptables-save", "-t", "nat").CombinedOutput(); return err }); err != nil {
-				t.Fatalf("%s: iptables-save: %v\n%s", m.Name, err, out)
+			var nat []byte
+			var tableErr error
+			if err := netnsutil.Do(m.NSPath(), func() (err error) {
+				_, tableErr = exec.Command("nft", "list", "table", "inet", "weft").Output()
+				nat, err = exec.Command("iptables-save", "-t", "nat").CombinedOutput()
+				return err
+			}); err != nil {
+				t.Fatalf("%s: iptables-save: %v\n%s", m.Name, err, nat)
 			}
-			if has := strings.Contains(string(out), "WEFT-SERVICES"); has != (mode == "iptables") {
+			if has := strings.Contains(string(nat), "WEFT-SERVICES"); has != (mode == "iptables") {
 				t.Errorf("after switch %d to %s, %s has the iptables mode's chains: %v", i+1, mode, m.Name, has)
+			}
+			if has := tableErr == nil; has != (mode == "nftables") {
+				t.Errorf("after switch %d to %s, %s has the nftables mode's table inet weft: %v", i+1, mode, m.Name, has)
 			}
 		}
 	}
