@@ -31,6 +31,7 @@ func Compile(in Input) Desired {
 	for _, p := range c.policies {
 		c.policy(p)
 	}
+	c.clusterPolicies(in.ClusterPolicies)
 	d := Desired{Sets: c.sets}
 	for _, p := range c.pods {
 		if r, ok := c.rules[p.key]; ok {
@@ -46,13 +47,14 @@ type compiler struct {
 	byNS     map[string][]*pod
 	nsLabels map[string]labels.Set
 	policies []*networkingv1.NetworkPolicy
+	nodes    []*corev1.Node
 	sets     map[string]AddrSet
 	rules    map[string]*PodRules
 	errs     []*FieldError
 }
 
 func newCompiler(in Input) *compiler {
-	c := &compiler{byNS: map[string][]*pod{}, nsLabels: map[string]labels.Set{}, sets: map[string]AddrSet{}, rules: map[string]*PodRules{}}
+	c := &compiler{byNS: map[string][]*pod{}, nsLabels: map[string]labels.Set{}, sets: map[string]AddrSet{}, rules: map[string]*PodRules{}, nodes: in.Nodes}
 	for _, n := range in.Namespaces {
 		c.nsLabels[n.Name] = n.Labels
 	}
@@ -168,7 +170,7 @@ type ruleTemplate struct {
 
 func (c *compiler) template(p *networkingv1.NetworkPolicy, dir string, i int, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) ruleTemplate {
 	key := Key(p)
-	base := fmt.Sprintf("%s@%s/%s/%d", key, specHash(p), dir, i)
+	base := fmt.Sprintf("%s@%s/%s/%d", key, specHash(p.Spec), dir, i)
 	t := ruleTemplate{policy: key, allPeers: len(peers) == 0, ports: ports}
 	var peerPods []*pod // pods among the peers (for egress named ports)
 	if !t.allPeers {
@@ -287,8 +289,8 @@ func (c *compiler) egressRules(t ruleTemplate, base string, peerPods []*pod) []R
 // specHash fingerprints a policy's spec: set IDs carry it, so a changed
 // policy gets new sets (switched to atomically with its rules) while
 // membership changes of an unchanged policy update its sets in place.
-func specHash(p *networkingv1.NetworkPolicy) string {
-	b, _ := json.Marshal(p.Spec)
+func specHash(spec any) string {
+	b, _ := json.Marshal(spec)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:4])
 }

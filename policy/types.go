@@ -20,14 +20,18 @@ type Input struct {
 }
 
 // Desired is the compiled state: the rules of every pod that some policy
-// isolates, and the address sets those rules refer to.
+// isolates or some ClusterNetworkPolicy selects, and the address sets
+// those rules refer to.
 type Desired struct {
-	// Pods holds one entry per isolated pod, sorted by key.
+	// Pods holds one entry per pod with a policy, sorted by key.
 	Pods []PodRules
 	// Sets are the address sets, by ID (stable across compiles for the same
 	// policy rule, so a backend can update one in place).
 	Sets map[string]AddrSet
-	// Errors are the rejected policies; their pods stay isolated.
+	// Errors are the rejected policies; their pods stay isolated. A
+	// ClusterNetworkPolicy's errors name it without a namespace; its bad
+	// rules fail closed (an Accept matches nothing, a Deny or Pass denies
+	// everything).
 	Errors []*FieldError
 }
 
@@ -41,11 +45,61 @@ type PodRules struct {
 	Policies []string // keys of the policies selecting the pod
 }
 
-// Direction is the isolation of one direction: when Isolated, a packet is
-// allowed only if one of Rules allows it.
+// Direction is the policy of one direction of a pod, in the order the
+// tiers are evaluated: the Admin tier's ClusterNetworkPolicy rules, first
+// match decides (Accept, Deny, or Pass to the next tier); then, when
+// Isolated by a NetworkPolicy, a packet is allowed only if one of Rules
+// allows it (the NetworkPolicy tier always decides for the pods it
+// isolates); then the Baseline tier's rules, first match decides (Pass:
+// allowed); then allowed.
 type Direction struct {
+	Admin    []TierRule
 	Isolated bool
 	Rules    []Rule
+	Baseline []TierRule
+}
+
+// Empty reports whether d allows everything without looking at a rule.
+func (d Direction) Empty() bool {
+	return !d.Isolated && len(d.Admin) == 0 && len(d.Baseline) == 0
+}
+
+// Tier is a ClusterNetworkPolicy tier.
+type Tier string
+
+// The tiers, and the names of the decisions taken outside them.
+const (
+	TierAdmin    Tier = "Admin"
+	TierBaseline Tier = "Baseline"
+	// TierNetworkPolicy is the NetworkPolicy tier's decision.
+	TierNetworkPolicy Tier = "NetworkPolicy"
+	// TierDefault is no tier's decision: allowed.
+	TierDefault Tier = "Default"
+)
+
+// Action is what a ClusterNetworkPolicy rule does with what it matches.
+type Action string
+
+// The actions.
+const (
+	Accept Action = "Accept"
+	Deny   Action = "Deny"
+	Pass   Action = "Pass"
+)
+
+// TierRule is one ClusterNetworkPolicy rule as it applies to one pod's
+// direction: it matches packets whose peer is in one of Peers (any peer
+// when AllPeers) and whose destination port matches one of Ports (any
+// port and protocol when Ports is empty).
+type TierRule struct {
+	Policy   string // the ClusterNetworkPolicy's name
+	Priority int32
+	// Rule names the rule: its name, or its place ("ingress[2]").
+	Rule     string
+	Action   Action
+	AllPeers bool
+	Peers    []string // set IDs
+	Ports    []PortRange
 }
 
 // Rule allows packets whose peer is in one of the Peers sets (any peer when

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -12,13 +13,20 @@ import (
 
 // FieldError is a rejected policy: its key, the offending field and why.
 type FieldError struct {
+	// Kind is "ClusterNetworkPolicy" for one of those (Policy is then its
+	// name), empty for a NetworkPolicy.
+	Kind   string
 	Policy string // namespace/name
 	Field  string // e.g. spec.ingress[0].from[1].ipBlock.except[0]
 	Err    error
 }
 
 func (e *FieldError) Error() string {
-	return fmt.Sprintf("networkpolicy %s: %s: %v", e.Policy, e.Field, e.Err)
+	kind := "networkpolicy"
+	if e.Kind != "" {
+		kind = strings.ToLower(e.Kind)
+	}
+	return fmt.Sprintf("%s %s: %s: %v", kind, e.Policy, e.Field, e.Err)
 }
 
 func (e *FieldError) Unwrap() error { return e.Err }
@@ -76,12 +84,12 @@ func Isolates(p *networkingv1.NetworkPolicy) (ingress, egress bool) {
 }
 
 type validator struct {
-	key  string
-	errs []*FieldError
+	kind, key string
+	errs      []*FieldError
 }
 
 func (v *validator) add(field string, err error) {
-	v.errs = append(v.errs, &FieldError{Policy: v.key, Field: field, Err: err})
+	v.errs = append(v.errs, &FieldError{Kind: v.kind, Policy: v.key, Field: field, Err: err})
 }
 
 func (v *validator) ports(base string, ports []networkingv1.NetworkPolicyPort) {

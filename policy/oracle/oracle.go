@@ -7,14 +7,17 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/weftnet/weft/policy"
 )
 
 // World is the cluster state the oracle reasons about.
 type World struct {
-	Namespaces []*corev1.Namespace
-	Policies   []*networkingv1.NetworkPolicy
+	Namespaces      []*corev1.Namespace
+	Policies        []*networkingv1.NetworkPolicy
+	ClusterPolicies []*cnp.ClusterNetworkPolicy
+	Nodes           []*corev1.Node
 }
 
 // Allowed says whether a new connection from src to dst on port/proto is
@@ -29,8 +32,25 @@ func (w World) Allowed(src, dst *corev1.Pod, proto corev1.Protocol, port int32) 
 
 // direction: may subject (the pod whose policies count) exchange the packet
 // with peer, dst being the destination pod (named ports are its ports)?
+// The Admin tier first, then the NetworkPolicies (which decide for a pod
+// they isolate), then the Baseline tier; a Pass goes on to the next tier.
 func (w World) direction(subject, peer, dst *corev1.Pod, dir networkingv1.PolicyType, proto corev1.Protocol, port int32) bool {
-	isolated := false
+	ingress := dir == networkingv1.PolicyTypeIngress
+	switch w.tier(cnp.AdminTier, subject, peer, dst, ingress, proto, port) {
+	case verdict(cnp.ClusterNetworkPolicyRuleActionAccept):
+		return true
+	case verdict(cnp.ClusterNetworkPolicyRuleActionDeny):
+		return false
+	}
+	if allowed, isolated := w.networkPolicies(subject, peer, dst, dir, proto, port); isolated {
+		return allowed
+	}
+	return w.tier(cnp.BaselineTier, subject, peer, dst, ingress, proto, port) != verdict(cnp.ClusterNetworkPolicyRuleActionDeny)
+}
+
+// networkPolicies is the NetworkPolicy tier: whether subject is isolated
+// in dir, and if so whether a policy allows the packet.
+func (w World) networkPolicies(subject, peer, dst *corev1.Pod, dir networkingv1.PolicyType, proto corev1.Protocol, port int32) (allowed, isolated bool) {
 	for _, pol := range w.Policies {
 		if pol.Namespace != subject.Namespace || !hasType(pol, dir) {
 			continue
@@ -46,18 +66,18 @@ func (w World) direction(subject, peer, dst *corev1.Pod, dir networkingv1.Policy
 		if dir == networkingv1.PolicyTypeIngress {
 			for _, r := range pol.Spec.Ingress {
 				if w.peersMatch(pol.Namespace, r.From, peer) && portsMatch(r.Ports, dst, proto, port) {
-					return true
+					return true, true
 				}
 			}
 		} else {
 			for _, r := range pol.Spec.Egress {
 				if w.peersMatch(pol.Namespace, r.To, peer) && portsMatch(r.Ports, dst, proto, port) {
-					return true
+					return true, true
 				}
 			}
 		}
 	}
-	return !isolated
+	return false, isolated
 }
 
 // hasType applies the API's defaulting of policyTypes; unknown types make
