@@ -353,6 +353,28 @@ func anyIn(s AddrSet, ips []netip.Addr) bool {
 	return false
 }
 
+// DirectionSignature identifies a direction by its structure: its
+// NetworkPolicy rules' Signature, and with ClusterNetworkPolicy rules
+// their tiers' (rules in order, with their actions), and the isolation.
+func DirectionSignature(d Direction) string {
+	sig := Signature(d.Rules)
+	if len(d.Admin) == 0 && len(d.Baseline) == 0 {
+		return sig
+	}
+	tier := func(rules []TierRule) string {
+		parts := make([]string, len(rules))
+		for i, r := range rules {
+			peers := "all"
+			if !r.AllPeers {
+				peers = strings.Join(r.Peers, "+")
+			}
+			parts[i] = fmt.Sprintf("%s:%s%v", r.Action, peers, r.Ports)
+		}
+		return strings.Join(parts, ";")
+	}
+	return fmt.Sprintf("admin[%s] isolated=%v[%s] baseline[%s]", tier(d.Admin), d.Isolated, sig, tier(d.Baseline))
+}
+
 // Signature identifies a direction's rules by their structure: the peer
 // set IDs (which carry the policy's fingerprint) and the ports. Pods whose
 // rules have the same signature share the backends' chains.

@@ -151,3 +151,19 @@ func randomProtocols(r *rand.Rand) []cnp.ClusterNetworkPolicyProtocol {
 	}
 	return out
 }
+
+// UsesNetworks reports whether some ClusterNetworkPolicy has a networks
+// peer: the bed's are IPv4, so such cases say nothing about IPv6 flows
+// (as UsesIPBlock).
+func UsesNetworks(pols []*cnp.ClusterNetworkPolicy) bool {
+	for _, p := range pols {
+		for _, r := range p.Spec.Egress {
+			for _, peer := range r.To {
+				if len(peer.Networks) > 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}

@@ -358,13 +358,13 @@ func (t *tableApplier) full(ctx context.Context, tx *knftables.Transaction, want
 		}
 		writeChain(tx, c, st)
 	}
+	var stale []string
 	for _, name := range k.chains {
 		if !wantChain[name] {
-			tx.Flush(&knftables.Chain{Name: name})
-			tx.Delete(&knftables.Chain{Name: name})
-			st.Objects++
+			stale = append(stale, name)
 		}
 	}
+	deleteChains(tx, stale, st)
 	for _, name := range k.sets {
 		if !wantSet[name] {
 			tx.Delete(setOrMap(name, k.maps[name]))
@@ -372,6 +372,18 @@ func (t *tableApplier) full(ctx context.Context, tx *knftables.Transaction, want
 		}
 	}
 	return nil
+}
+
+// deleteChains flushes every chain of names, then deletes them: a chain
+// still named by a rule of another (a tier chain's goto) cannot go first.
+func deleteChains(tx *knftables.Transaction, names []string, st *Stats) {
+	for _, name := range names {
+		tx.Flush(&knftables.Chain{Name: name})
+	}
+	for _, name := range names {
+		tx.Delete(&knftables.Chain{Name: name})
+		st.Objects++
+	}
 }
 
 // recreate deletes every chain and every set but the external ones, then
@@ -455,13 +467,13 @@ func (t *tableApplier) partial(tx *knftables.Transaction, want *Table, st *Stats
 		}
 	}
 	diff(true)
+	var stale []string
 	for _, c := range t.applied.Chains {
 		if !wantChain[c.Name] {
-			tx.Flush(&knftables.Chain{Name: c.Name})
-			tx.Delete(&knftables.Chain{Name: c.Name})
-			st.Objects++
+			stale = append(stale, c.Name)
 		}
 	}
+	deleteChains(tx, stale, st)
 	for _, s := range t.applied.Sets {
 		if !wantSet[s.Name] {
 			tx.Delete(setOrMap(s.Name, s.Verdict))

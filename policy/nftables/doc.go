@@ -28,6 +28,11 @@
 //     group is a dispatch element (validated with this small table
 //     alone); an edited policy is a new group, switched to in the same
 //     transaction as its chain and sets are written;
+//   - a direction with ClusterNetworkPolicy rules is a chain of its
+//     Admin tier, whose Pass goes to the rest (the NetworkPolicy part,
+//     or the Baseline tier): each tier's first-match rules are cut into
+//     disjoint boxes, one interval set per verdict (tiers.go), so a tier
+//     costs a few lookups whatever the number of policies;
 //   - the drop chains count (the dropped packets metric) and optionally
 //     log, rate-limited; a base chain's accept ends only this table's
 //     walk, which is what the iptables backend's RETURN is;

@@ -12,7 +12,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/policy"
 	nt "github.com/weftnet/weft/policy/netpoltest"
+	"github.com/weftnet/weft/policy/oracle"
 	polnft "github.com/weftnet/weft/policy/nftables"
 )
 
@@ -122,5 +124,40 @@ func TestRandom(t *testing.T) {
 		pols := nt.Random(r, b.World)
 		b.apply(t, b.World, pols)
 		b.check(t, b.World, pols, "random set "+strconv.Itoa(i))
+	}
+}
+
+// TestRandomTiers holds 40 random sets of ClusterNetworkPolicies of both
+// tiers (half of them beside random NetworkPolicies) against the oracle
+// on the kernel, over IPv4 and IPv6, with one applier throughout: tier
+// chains and sets come, change and go by partial applies.
+func TestRandomTiers(t *testing.T) {
+	b := newBed(t)
+	r := rand.New(rand.NewPCG(5, 8))
+	for i := range 40 {
+		var pols []*networkingv1.NetworkPolicy
+		if i%2 == 1 {
+			pols = nt.Random(r, b.World)
+		}
+		cluster := nt.RandomCluster(r, b.World)
+		d := policy.Compile(policy.Input{Pods: b.World.Pods, Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster})
+		if _, err := b.a.Apply(context.Background(), polnft.Render(d, b.config())); err != nil {
+			t.Fatalf("set %d: apply: %v", i, err)
+		}
+		want := oracle.Expect(oracle.World{Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster}, b.World.Pods, nt.Ports, nt.Protocols)
+		what := "random tiered set " + strconv.Itoa(i)
+		b.CheckMatrix(t, b.Targets, want, what+" (IPv4)")
+		if !nt.UsesIPBlock(pols) && !nt.UsesNetworks(cluster) {
+			b.CheckMatrix(t, b.Targets6, want, what+" (IPv6)")
+		}
+	}
+}
+
+// TestCheck: the kernel takes every rule form Render writes (the start-up
+// check the agent runs before its first apply).
+func TestCheck(t *testing.T) {
+	b := newBed(t)
+	if err := b.a.Check(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -204,3 +204,95 @@ func (b box) ports() string {
 	}
 	return fmt.Sprintf("%d-%d", b.from, b.to)
 }
+
+// tierSpan is one ClusterNetworkPolicy rule's port range of one protocol
+// (every protocol's whole range for a rule without ports), its action's
+// verdict, and its peers as address ranges; spans come in the rules'
+// precedence order.
+type tierSpan struct {
+	proto    string
+	from, to int
+	verdict  string
+	addrs    []addrRange
+}
+
+// tierBox is a protocol, an inclusive port range and, per verdict, the
+// address ranges whose first matching rule has that verdict.
+type tierBox struct {
+	proto     string
+	from, to  int
+	byVerdict map[string][]addrRange
+}
+
+func (b tierBox) ports() string { return box{from: b.from, to: b.to}.ports() }
+
+// tierBoxes cuts ordered spans into disjoint boxes where the first span
+// covering a point decides: the port axis of each protocol is split at
+// every span's ends, and in each piece every span takes the addresses no
+// earlier span took. Neighbouring pieces with the same claims are joined.
+// An interval set per verdict then holds its part exactly: the sets are
+// disjoint, so the order in which a chain looks them up does not matter.
+func tierBoxes(spans []tierSpan) []tierBox {
+	byProto := map[string][]tierSpan{}
+	for _, s := range spans {
+		byProto[s.proto] = append(byProto[s.proto], s)
+	}
+	var out []tierBox
+	for _, proto := range sortedKeys(byProto) {
+		ss := byProto[proto]
+		var cuts []int
+		for _, s := range ss {
+			cuts = append(cuts, s.from, s.to+1)
+		}
+		slices.Sort(cuts)
+		cuts = slices.Compact(cuts)
+		var prev *tierBox
+		for i := 0; i+1 < len(cuts); i++ {
+			from, to := cuts[i], cuts[i+1]-1
+			var covering []tierSpan
+			for _, s := range ss {
+				if s.from <= from && to <= s.to {
+					covering = append(covering, s)
+				}
+			}
+			claims := firstClaims(covering)
+			if len(claims) == 0 {
+				prev = nil
+				continue
+			}
+			if prev != nil && prev.to+1 == from && sameClaims(prev.byVerdict, claims) {
+				prev.to = to
+				continue
+			}
+			out = append(out, tierBox{proto: proto, from: from, to: to, byVerdict: claims})
+			prev = &out[len(out)-1]
+		}
+	}
+	return out
+}
+
+// firstClaims gives each span, in order, the addresses no earlier span
+// took, gathered by verdict.
+func firstClaims(spans []tierSpan) map[string][]addrRange {
+	claims := map[string][]addrRange{}
+	var taken []addrRange
+	for _, s := range spans {
+		if mine := subtract(s.addrs, taken); len(mine) > 0 {
+			claims[s.verdict] = merge(append(claims[s.verdict], mine...))
+		}
+		taken = merge(append(slices.Clone(taken), s.addrs...))
+	}
+	return claims
+}
+
+func sameClaims(a, b map[string][]addrRange) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}

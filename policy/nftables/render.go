@@ -102,11 +102,12 @@ type Chain struct {
 }
 
 // group is the rules of a direction shared by every pod with the same
-// rules: a chain and its sets.
+// rules: a chain and its sets, and the chains it goes to (tiers.go).
 type group struct {
 	chain string
 	rules []string
 	sets  []Set
+	extra []Chain
 }
 
 // Render computes the node's ruleset for both families.
@@ -125,13 +126,12 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 			{p.Ingress, rulePrefixIn, "saddr", mapIngress4, mapIngress6, ChainDropIn},
 			{p.Egress, rulePrefixOut, "daddr", mapEgress4, mapEgress6, ChainDropOut},
 		} {
-			if !dir.d.Isolated {
+			if dir.d.Empty() {
 				continue
 			}
-			sig := policy.Signature(dir.d.Rules)
-			name := dir.prefix + hashName(sig)
+			name := dir.prefix + hashName(policy.DirectionSignature(dir.d))
 			if groups[name] == nil {
-				groups[name] = renderGroup(name, dir.peer, dir.to, dir.d.Rules, d.Sets)
+				groups[name] = renderDirection(name, dir.peer, dir.to, dir.d, d.Sets)
 			}
 			for _, ip := range p.IPs {
 				m := dir.map4
@@ -157,7 +157,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 	for _, name := range sortedKeys(groups) {
 		g := groups[name]
 		t.Sets = append(t.Sets, g.sets...)
-		groupChains = append(groupChains, Chain{Name: name, Rules: g.rules})
+		groupChains = append(append(groupChains, Chain{Name: name, Rules: g.rules}), g.extra...)
 	}
 	t.Chains = append(t.Chains, baseChains(cfg)...)
 	if len(cfg.PodBridges) > 0 {
@@ -355,7 +355,7 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // checkState is a small compiled state using every rule form Render
-// writes, for Check.
+// writes (NetworkPolicy rules, the tiers' sets and chains), for Check.
 func checkState() policy.Desired {
 	v4, v6 := netip.MustParseAddr("10.244.0.2"), netip.MustParseAddr("fd00::2")
 	rules := []policy.Rule{
@@ -363,8 +363,13 @@ func checkState() policy.Desired {
 		{AllPeers: true},
 	}
 	dir := policy.Direction{Isolated: true, Rules: rules}
+	tiered := policy.Direction{
+		Admin: []policy.TierRule{{Action: policy.Pass, Peers: []string{"s"}, Ports: []policy.PortRange{{Protocol: policy.UDP, From: 53, To: 53}}},
+			{Action: policy.Deny, Peers: []string{"s"}}, {Action: policy.Accept, AllPeers: true}},
+		Baseline: []policy.TierRule{{Action: policy.Deny, AllPeers: true}},
+	}
 	return policy.Desired{
-		Pods: []policy.PodRules{{Key: "check/check", Node: "check", IPs: []netip.Addr{v4, v6}, Ingress: dir, Egress: dir}},
+		Pods: []policy.PodRules{{Key: "check/check", Node: "check", IPs: []netip.Addr{v4, v6}, Ingress: dir, Egress: tiered}},
 		Sets: map[string]policy.AddrSet{"s": {Kind: policy.SetNets, Nets: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")},
 			Except: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}},
 	}
