@@ -14,8 +14,8 @@ import (
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/policy"
 	nt "github.com/weftnet/weft/policy/netpoltest"
-	"github.com/weftnet/weft/policy/oracle"
 	polnft "github.com/weftnet/weft/policy/nftables"
+	"github.com/weftnet/weft/policy/oracle"
 )
 
 func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
