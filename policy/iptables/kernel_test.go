@@ -2,9 +2,11 @@ package iptables_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -137,4 +139,33 @@ func TestForceFullRepairsDrift(t *testing.T) {
 	a.ForceFull()
 	b.apply(t, &a, b.World, deny)
 	b.check(t, b.World, deny, "repaired")
+}
+
+// TestRandomTiers holds 40 random sets of ClusterNetworkPolicies of both
+// tiers (half of them beside random NetworkPolicies) against the oracle
+// on the kernel, IPv4 and IPv6 appliers both carrying over from set to
+// set (tier chains and sets come, change and go).
+func TestRandomTiers(t *testing.T) {
+	b := newBed(t)
+	a4, a6 := polipt.Applier{}, polipt.Applier{Family: 6}
+	r := rand.New(rand.NewPCG(5, 8))
+	for i := range 40 {
+		var pols []*networkingv1.NetworkPolicy
+		if i%2 == 1 {
+			pols = nt.Random(r, b.World)
+		}
+		cluster := nt.RandomCluster(r, b.World)
+		d := policy.Compile(policy.Input{Pods: b.World.Pods, Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster})
+		for _, a := range []*polipt.Applier{&a4, &a6} {
+			if _, err := a.Apply(polipt.Render(d, polipt.Config{NodeName: nodeName, LogDrops: true, Family: a.Family})); err != nil {
+				t.Fatalf("set %d: apply (IPv%d): %v", i, max(a.Family, 4), err)
+			}
+		}
+		want := oracle.Expect(oracle.World{Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster}, b.World.Pods, nt.Ports, nt.Protocols)
+		what := "random tiered set " + strconv.Itoa(i)
+		b.CheckMatrix(t, b.Targets, want, what+" (IPv4)")
+		if !nt.UsesIPBlock(pols) && !nt.UsesNetworks(cluster) {
+			b.CheckMatrix(t, b.Targets6, want, what+" (IPv6)")
+		}
+	}
 }

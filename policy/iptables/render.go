@@ -104,21 +104,19 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 		if len(ips) == 0 {
 			continue
 		}
-		if p.Ingress.Isolated {
+		if !p.Ingress.Empty() {
 			name := hashName(podInPrefix, p.Key)
 			for _, ip := range ips {
 				ingress = append(ingress, fmt.Sprintf("-d %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" ingress", name))
 			}
-			rules := allowRules(fam, p.Ingress.Rules, "src", d.Sets, sets)
-			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropIn)})
+			podChains = append(podChains, directionChains(fam, p.Ingress, name, hashName(podInRestPrefix, p.Key), "src", ChainDropIn, d.Sets, sets)...)
 		}
-		if p.Egress.Isolated {
+		if !p.Egress.Empty() {
 			name := hashName(podOutPrefix, p.Key)
 			for _, ip := range ips {
 				egress = append(egress, fmt.Sprintf("-s %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" egress", name))
 			}
-			rules := allowRules(fam, p.Egress.Rules, "dst", d.Sets, sets)
-			podChains = append(podChains, Chain{name, append(rules, "-j "+ChainDropOut)})
+			podChains = append(podChains, directionChains(fam, p.Egress, name, hashName(podOutRestPrefix, p.Key), "dst", ChainDropOut, d.Sets, sets)...)
 		}
 	}
 	for _, s := range sets {
