@@ -39,6 +39,14 @@ build:
 	$(SHIM_CC) -static -Os -s -Wall -Wextra -Werror -o $(CNI_BIN)/.weft.tmp cmd/weft-cni/shim/weft.c
 	@mv -f $(CNI_BIN)/.weft.tmp $(CNI_BIN)/weft
 	$(GO) build -trimpath -ldflags '-s -w' -o $(CNI_BIN)/ $(REF_PLUGINS)
+	@mkdir -p $(BIN)/crds
+	@install -m 0644 "$$($(GO) mod download -json sigs.k8s.io/network-policy-api | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')/$(CNP_CRD)" $(BIN)/crds/
+
+# ClusterNetworkPolicy's CRD as network-policy-api publishes it (the
+# version go.mod pins; the experimental channel, which has the nodes and
+# networks peers and named ports weft enforces): make build copies it to
+# bin/crds/, which the lab applies before deploy/ (docs/deploy.md).
+CNP_CRD := config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml
 
 # Upstream control plane (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kube-proxy, kubectl) from hack/tools/go.mod; only rebuilt

@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -42,14 +43,19 @@ type PolicyOptions struct {
 	// PendingTimeout bounds how long a new pod attachment that the agent
 	// cannot tie to a Pod stays default-deny (DefaultPendingTimeout).
 	PendingTimeout time.Duration
-	Log            *slog.Logger
+	// ClusterPolicies: ClusterNetworkPolicies are served, and the first
+	// sync waits for them (kube.WatchClusterPolicies feeds them) as for
+	// the NetworkPolicies.
+	ClusterPolicies bool
+	Log             *slog.Logger
 }
 
-// PolicyController enforces NetworkPolicies for the pods of its node: it
-// keeps the Pods, Namespaces and NetworkPolicies it is fed (it is a
-// kube.PolicyHandler), compiles them (policy.Compile), renders the node's
-// part (policy/iptables or policy/nftables) and applies it, after every
-// burst of changes.
+// PolicyController enforces NetworkPolicies and ClusterNetworkPolicies
+// for the pods of its node: it keeps the Pods, Namespaces, NetworkPolicies,
+// ClusterNetworkPolicies and Nodes it is fed (it is a kube.PolicyHandler
+// and a kube.ClusterPolicyHandler), compiles them (policy.Compile),
+// renders the node's part (policy/iptables or policy/nftables) and
+// applies it, after every burst of changes.
 type PolicyController struct {
 	opts    PolicyOptions
 	backend policyBackend
@@ -58,6 +64,9 @@ type PolicyController struct {
 	trigger chan struct{}
 	synced  chan struct{}
 	once    sync.Once
+	// clusterSynced is closed once the ClusterNetworkPolicies arrived.
+	clusterSynced chan struct{}
+	clusterOnce   sync.Once
 	// allocated is poked by saves of the CNI allocations: a new pod
 	// waits for the next sync, which skips the coalescing delay for it.
 	allocated chan struct{}
@@ -68,6 +77,8 @@ type PolicyController struct {
 	pods     map[string]*corev1.Pod
 	nss      map[string]*corev1.Namespace
 	pols     map[string]*networkingv1.NetworkPolicy
+	cluster  map[string]*cnpv1beta1.ClusterNetworkPolicy
+	nodes    map[string]*corev1.Node
 	rejected map[string]string // policy key -> last logged problems
 }
 
@@ -92,9 +103,12 @@ func NewPolicyController(o PolicyOptions) (*PolicyController, error) {
 		return nil, err
 	}
 	c := &PolicyController{allocated: make(chan struct{}, 1), opts: o, backend: backend,
-		trigger: make(chan struct{}, 1), synced: make(chan struct{}),
+		trigger: make(chan struct{}, 1), synced: make(chan struct{}), clusterSynced: make(chan struct{}),
 		pods: map[string]*corev1.Pod{}, nss: map[string]*corev1.Namespace{}, pols: map[string]*networkingv1.NetworkPolicy{},
-		rejected: map[string]string{}}
+		cluster: map[string]*cnpv1beta1.ClusterNetworkPolicy{}, nodes: map[string]*corev1.Node{}, rejected: map[string]string{}}
+	if !o.ClusterPolicies {
+		close(c.clusterSynced)
+	}
 	c.metrics = newPolicyMetrics(c.backend.drops)
 	return c, nil
 }
@@ -138,6 +152,36 @@ func (c *PolicyController) OnNetworkPolicy(old, new *networkingv1.NetworkPolicy)
 	c.poke()
 }
 
+// OnClusterNetworkPolicy implements kube.ClusterPolicyHandler.
+func (c *PolicyController) OnClusterNetworkPolicy(old, new *cnpv1beta1.ClusterNetworkPolicy) {
+	c.mu.Lock()
+	if new != nil {
+		c.cluster[new.Name] = new
+	} else if old != nil {
+		delete(c.cluster, old.Name)
+	}
+	c.mu.Unlock()
+	c.poke()
+}
+
+// OnPolicyNode implements kube.ClusterPolicyHandler.
+func (c *PolicyController) OnPolicyNode(old, new *corev1.Node) {
+	c.mu.Lock()
+	if new != nil {
+		c.nodes[new.Name] = new
+	} else if old != nil {
+		delete(c.nodes, old.Name)
+	}
+	c.mu.Unlock()
+	c.poke()
+}
+
+// OnClusterPoliciesSynced implements kube.ClusterPolicyHandler.
+func (c *PolicyController) OnClusterPoliciesSynced() {
+	c.clusterOnce.Do(func() { close(c.clusterSynced) })
+	c.poke()
+}
+
 // OnPolicySynced implements kube.PolicyHandler.
 func (c *PolicyController) OnPolicySynced() {
 	c.once.Do(func() { close(c.synced) })
@@ -165,10 +209,12 @@ func (c *PolicyController) allocationsChanged() {
 // Run syncs after the initial state arrived, on every change (at most once
 // per MinSyncPeriod) and every Resync, until ctx ends.
 func (c *PolicyController) Run(ctx context.Context) {
-	select {
-	case <-ctx.Done():
-		return
-	case <-c.synced:
+	for _, synced := range []chan struct{}{c.synced, c.clusterSynced} {
+		select {
+		case <-ctx.Done():
+			return
+		case <-synced:
+		}
 	}
 	if c.opts.IPAMDataDir != "" {
 		if err := c.watchAllocations(ctx); err != nil {
@@ -228,6 +274,12 @@ func (c *PolicyController) input(allocs []ipam.Allocation) (policy.Input, covere
 	}
 	for _, p := range c.pols {
 		in.Policies = append(in.Policies, p)
+	}
+	for _, p := range c.cluster {
+		in.ClusterPolicies = append(in.ClusterPolicies, p)
+	}
+	for _, n := range c.nodes {
+		in.Nodes = append(in.Nodes, n)
 	}
 	return in, cov
 }
@@ -301,9 +353,15 @@ func (c *PolicyController) logRejected(errs []*policy.FieldError) {
 		now[e.Policy] += e.Field + ": " + e.Err.Error() + "; "
 	}
 	for _, e := range errs {
-		if c.rejected[e.Policy] != now[e.Policy] {
-			c.opts.Log.Error("rejected network policy: its pods stay isolated", "policy", e.Policy, "field", e.Field, "err", e.Err)
+		if c.rejected[e.Policy] == now[e.Policy] {
+			continue
 		}
+		if e.Kind == policy.ClusterKind {
+			c.opts.Log.Error("clusternetworkpolicy not enforceable as written: the rule fails closed (an Accept matches nothing, a Deny or Pass denies all)",
+				"clusterNetworkPolicy", e.Policy, "field", e.Field, "err", e.Err)
+			continue
+		}
+		c.opts.Log.Error("rejected network policy: its pods stay isolated", "policy", e.Policy, "field", e.Field, "err", e.Err)
 	}
 	c.rejected = now
 }

@@ -174,13 +174,32 @@ func Kubectl(ctx context.Context, st *State, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// install applies the lab's kustomization.
+// install applies the lab's kustomization, after the CRDs in the bin
+// directory's crds/ (ClusterNetworkPolicy's, which make build copies from
+// the network-policy-api module), as an operator installs them first.
 func install(ctx context.Context, st *State, literals ...string) error {
+	if err := installCRDs(ctx, st); err != nil {
+		return err
+	}
 	dir, err := writeKustomization(st.Options, literals...)
 	if err != nil {
 		return err
 	}
 	_, err = Kubectl(ctx, st, "apply", "-k", dir)
+	return err
+}
+
+// installCRDs applies bin/crds/ (nothing when it does not exist) and waits
+// until the API server serves what it defines.
+func installCRDs(ctx context.Context, st *State) error {
+	dir := filepath.Join(st.BinDir, "crds")
+	if _, err := os.Stat(dir); os.IsNotExist(err) {
+		return nil
+	}
+	if _, err := Kubectl(ctx, st, "apply", "--server-side", "-f", dir); err != nil {
+		return err
+	}
+	_, err := Kubectl(ctx, st, "wait", "--for", "condition=Established", "--timeout", "60s", "-f", dir)
 	return err
 }
 

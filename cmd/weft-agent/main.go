@@ -217,9 +217,16 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		}
 	}
 	var pc *agent.PolicyController
+	clusterPolicies := false
+	if f.networkPolicy && !f.cleanup {
+		if clusterPolicies, err = kube.ClusterPoliciesServed(client); err != nil {
+			return err
+		}
+	}
 	if f.networkPolicy || f.cleanup {
 		if pc, err = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, Mode: f.policyMode, LogDrops: f.policyLogDrops, Resync: f.resync,
-			IPAMDataDir: f.dataDir, Bridge: f.bridge, PendingTimeout: f.policyPendingTimeout, Log: log.With("component", "policy")}); err != nil {
+			IPAMDataDir: f.dataDir, Bridge: f.bridge, PendingTimeout: f.policyPendingTimeout, ClusterPolicies: clusterPolicies,
+			Log: log.With("component", "policy")}); err != nil {
 			return fmt.Errorf("--policy-mode %s: %w", f.policyMode, err)
 		}
 	}
@@ -251,6 +258,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 				log.Error("watching network policies", "err", err)
 			}
 		}()
+		go watchClusterPolicies(ctx, f.kubeconfig, client, pc, clusterPolicies, log)
 	}
 	if f.topologyExporter {
 		exp := agent.NewTopologyExporter(client, agent.TopologyOptions{NodeName: node, Routing: routing.Mode(mode), MTU: f.mtu,
@@ -297,4 +305,32 @@ func (f agentFlags) checkTopology() error {
 		}
 	}
 	return nil
+}
+
+// watchClusterPolicies feeds pc the ClusterNetworkPolicies. Their CRD may
+// be installed after the agent started: until it is served, the agent
+// looks again every 30 s.
+func watchClusterPolicies(ctx context.Context, kubeconfig string, client kubernetes.Interface, pc *agent.PolicyController, served bool, log *slog.Logger) {
+	if !served {
+		log.Info("ClusterNetworkPolicies are not served (the CRD of sigs.k8s.io/network-policy-api is not installed): looking again every 30 s")
+	}
+	for !served {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(30 * time.Second):
+		}
+		var err error
+		if served, err = kube.ClusterPoliciesServed(client); err != nil {
+			log.Error("looking for ClusterNetworkPolicies", "err", err)
+		}
+	}
+	cc, err := kube.NewClusterPolicyClient(kubeconfig, "weft-agent/"+buildinfo.Version)
+	if err == nil {
+		log.Info("enforcing ClusterNetworkPolicies", "api", kube.ClusterPolicyGroupVersion)
+		err = kube.WatchClusterPolicies(ctx, client, cc, pc)
+	}
+	if err != nil {
+		log.Error("watching cluster network policies", "err", err)
+	}
 }

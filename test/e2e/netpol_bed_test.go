@@ -15,8 +15,10 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/lab"
 	nt "github.com/weftnet/weft/policy/netpoltest"
 	"github.com/weftnet/weft/policy/oracle"
@@ -123,10 +125,49 @@ func (b *netpolBed) reconcile(t *testing.T, w *nt.World, pols []*networkingv1.Ne
 	}
 }
 
-// expect waits until the measured grid equals the oracle's for w and pols.
-func (b *netpolBed) expect(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolicy, what string) bool {
+// reconcileCluster makes the cluster's ClusterNetworkPolicies those of
+// pols.
+func (b *netpolBed) reconcileCluster(t *testing.T, pols []*cnpv1beta1.ClusterNetworkPolicy) {
 	t.Helper()
-	want := oracle.Expect(oracle.World{Namespaces: w.Namespaces, Policies: pols}, w.Pods, nt.Ports, nt.Protocols)
+	ctx := context.Background()
+	cc, err := kube.NewClusterPolicyClient(lab.AdminKubeconfig(b.c.state.Dir), "weft-e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := cc.PolicyV1beta1().ClusterNetworkPolicies()
+	wanted := map[string]bool{}
+	for _, p := range pols {
+		wanted[p.Name] = true
+		cur, err := api.Get(ctx, p.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			_, err = api.Create(ctx, p.DeepCopy(), metav1.CreateOptions{})
+		case err == nil:
+			cur.Spec = *p.Spec.DeepCopy()
+			_, err = api.Update(ctx, cur, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			t.Fatalf("clusternetworkpolicy %s: %v", p.Name, err)
+		}
+	}
+	list, err := api.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cur := range list.Items {
+		if !wanted[cur.Name] {
+			if err := api.Delete(ctx, cur.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// expect waits until the measured grid equals the oracle's for w, pols
+// and the ClusterNetworkPolicies cluster.
+func (b *netpolBed) expect(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolicy, what string, cluster ...*cnpv1beta1.ClusterNetworkPolicy) bool {
+	t.Helper()
+	want := oracle.Expect(oracle.World{Namespaces: w.Namespaces, Policies: pols, ClusterPolicies: cluster}, w.Pods, nt.Ports, nt.Protocols)
 	got, err := nt.WaitMatch(time.Now().Add(20*time.Second), b.targets, want)
 	if err != nil {
 		t.Errorf("%s: %v\n%s", what, err, oracle.SideBySide(want, got))

@@ -7,23 +7,74 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	nt "github.com/weftnet/weft/policy/netpoltest"
 )
 
 // TestNetworkPolicy runs the upstream netpol scenarios on a 3-node lab
 // (weft-agent enforcing with the iptables backend), then 50 random policy
-// sets: after every step the full grid (9 pods × 9 pods × ports 80/81 ×
-// TCP/UDP, real packets) must equal the oracle's.
+// sets, then ClusterNetworkPolicy cases and 10 random tiered sets: after
+// every step the full grid (9 pods × 9 pods × ports 80/81 × TCP/UDP, real
+// packets) must equal the oracle's.
 func TestNetworkPolicy(t *testing.T) {
 	c := up(t, 3, "hostgw")
 	c.mustCheck(t)
-	networkPolicy(t, c, 50)
+	b := networkPolicy(t, c, 50)
+	clusterNetworkPolicy(t, b, 10)
+}
+
+// clusterNetworkPolicy: an Admin ClusterNetworkPolicy denies what a
+// NetworkPolicy allows; a Baseline one denies what a NetworkPolicy then
+// overrides for the pods it isolates; Pass hands a connection to the
+// NetworkPolicies; then nRandom random sets of both tiers beside random
+// NetworkPolicies; each held against the oracle on the lab.
+func clusterNetworkPolicy(t *testing.T, b *netpolBed, nRandom int) {
+	t.Helper()
+	tcp := corev1.ProtocolTCP
+	ns := func(name string) metav1.LabelSelector {
+		return metav1.LabelSelector{MatchLabels: nt.L(nt.NSLabel, name)}
+	}
+	fromNS := func(action cnpv1beta1.ClusterNetworkPolicyRuleAction, name string, protos ...cnpv1beta1.ClusterNetworkPolicyProtocol) func(*cnpv1beta1.ClusterNetworkPolicySpec) {
+		return func(s *cnpv1beta1.ClusterNetworkPolicySpec) {
+			s.Ingress = append(s.Ingress, nt.ClusterIngress(action, []cnpv1beta1.ClusterNetworkPolicyEgressPeer{nt.NamespacesPeer(ns(name))}, protos...))
+		}
+	}
+	// x/a admits y and z on TCP 80 and 81.
+	pols := []*networkingv1.NetworkPolicy{nt.Policy("x", "a-from-y-z", nt.L(nt.PodLabel, "a"),
+		nt.Ingress(nt.From(nt.Peers(nt.NSPeer(nt.L(nt.NSLabel, "y")), nt.NSPeer(nt.L(nt.NSLabel, "z"))), nt.Port(tcp, 80), nt.Port(tcp, 81))))}
+	steps := []struct {
+		name    string
+		cluster []*cnpv1beta1.ClusterNetworkPolicy
+	}{
+		{"an Admin deny of y over the NetworkPolicy's allow", []*cnpv1beta1.ClusterNetworkPolicy{
+			nt.ClusterPolicy("deny-y", cnpv1beta1.AdminTier, 10, ns("x"), fromNS(cnpv1beta1.ClusterNetworkPolicyRuleActionDeny, "y"))}},
+		{"an Admin pass of y's TCP 81 before the deny", []*cnpv1beta1.ClusterNetworkPolicy{
+			nt.ClusterPolicy("deny-y", cnpv1beta1.AdminTier, 10, ns("x"), fromNS(cnpv1beta1.ClusterNetworkPolicyRuleActionDeny, "y")),
+			nt.ClusterPolicy("pass-y-81", cnpv1beta1.AdminTier, 5, ns("x"), fromNS(cnpv1beta1.ClusterNetworkPolicyRuleActionPass, "y", nt.ClusterPort(tcp, 81)))}},
+		{"a Baseline deny of z, overridden by the NetworkPolicy for x/a", []*cnpv1beta1.ClusterNetworkPolicy{
+			nt.ClusterPolicy("baseline-deny-z", cnpv1beta1.BaselineTier, 10, ns("x"), fromNS(cnpv1beta1.ClusterNetworkPolicyRuleActionDeny, "z"))}},
+	}
+	b.reconcile(t, b.world, pols)
+	for _, st := range steps {
+		b.reconcileCluster(t, st.cluster)
+		b.expect(t, b.world, pols, st.name, st.cluster...)
+	}
+	r := rand.New(rand.NewPCG(9, 10))
+	for i := range nRandom {
+		pols := nt.Random(r, b.world)
+		cluster := nt.RandomCluster(r, b.world)
+		b.reconcile(t, b.world, pols)
+		b.reconcileCluster(t, cluster)
+		b.expect(t, b.world, pols, "random tiered set "+strconv.Itoa(i), cluster...)
+	}
+	b.reconcileCluster(t, nil)
 }
 
 // networkPolicy holds the scenarios, then nRandom random policy sets, and
 // the source check, on the lab c against the oracle.
-func networkPolicy(t *testing.T, c *cluster, nRandom int) {
+func networkPolicy(t *testing.T, c *cluster, nRandom int) *netpolBed {
 	t.Helper()
 	b := newNetpolBed(t, c, 3)
 	if !b.expect(t, b.world, nil, "no policy") {
@@ -55,6 +106,7 @@ func networkPolicy(t *testing.T, c *cluster, nRandom int) {
 	if drops := c.droppedPackets(t); drops["ingress"] == 0 || drops["egress"] == 0 {
 		t.Errorf("agents report dropped packets %v, want both directions counted", drops)
 	}
+	return b
 }
 
 // sourceCheck: x/a (node1) admits only x/b (node2) on UDP 7777. y/a (on

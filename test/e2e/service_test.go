@@ -113,7 +113,7 @@ func TestServices(t *testing.T) {
 			}
 			if mode == "nftables" {
 				nftablesDataplane(t, c)
-				networkPolicy(t, c, 10)
+				clusterNetworkPolicy(t, networkPolicy(t, c, 10), 5)
 			}
 		})
 	}
