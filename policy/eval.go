@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // Allows evaluates the compiled rules for one new connection from src to
@@ -30,14 +31,18 @@ type Decision struct {
 	// Tier decided: Admin or Baseline (a ClusterNetworkPolicy rule, named
 	// by Policy, Priority and Rule, whose Action is Accept or Deny, or
 	// Pass in the Baseline tier), NetworkPolicy (the pod is isolated:
-	// Policy is a policy that allows, or Policies the ones that isolate
-	// and none allows), or Default (no policy decided: allowed).
+	// Policy is a policy that allows; when none does, Policies select the
+	// pod), or Default (no policy decided: allowed).
 	Tier     Tier
 	Policy   string
 	Priority int32
 	Rule     string
 	Action   Action
+	// Policies are the NetworkPolicies selecting the pod, Cluster the
+	// ClusterNetworkPolicies with rules for this direction of it (Admin,
+	// then Baseline, in precedence order).
 	Policies []string
+	Cluster  []string
 	// Passed are the rules with action Pass that sent the decision on
 	// from an earlier tier.
 	Passed []TierRule
@@ -85,7 +90,12 @@ func (d Desired) Explain(src, dst netip.Addr, proto Protocol, port uint16) Expla
 
 // decide walks one direction's tiers for a packet whose peer is peer.
 func (d Desired) decide(pod string, dir Direction, policies []string, peer netip.Addr, proto Protocol, port uint16) Decision {
-	x := Decision{Pod: pod}
+	x := Decision{Pod: pod, Policies: policies}
+	for _, r := range slices.Concat(dir.Admin, dir.Baseline) {
+		if !slices.Contains(x.Cluster, r.Policy) {
+			x.Cluster = append(x.Cluster, r.Policy)
+		}
+	}
 	if r, ok := d.firstMatch(dir.Admin, peer, proto, port); ok {
 		if r.Action != Pass {
 			return d.tierDecision(x, TierAdmin, r)
@@ -100,7 +110,6 @@ func (d Desired) decide(pod string, dir Direction, policies []string, peer netip
 				return x
 			}
 		}
-		x.Policies = policies
 		return x
 	}
 	if r, ok := d.firstMatch(dir.Baseline, peer, proto, port); ok {

@@ -5,6 +5,7 @@
 //	weftctl lab exec [--dir DIR] NODE|POD -- CMD [ARGS...]
 //	weftctl lab down [--dir DIR]
 //	weftctl check [--dir DIR] [--keep]
+//	weftctl why [--kubeconfig FILE] [--dir DIR] FROM TO PORT[/PROTO]
 //	weftctl install-cni [--from DIR] [--to DIR] [--replace weft-plugin,weft]
 //	weftctl sysctl NAME=VALUE...
 package main
@@ -17,7 +18,7 @@ import (
 	"github.com/weftnet/weft/internal/netnsutil"
 )
 
-const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl install-cni ... | weftctl sysctl ...
+const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | weftctl why ... | weftctl install-cni ... | weftctl sysctl ...
 
   lab up      [--nodes N] [--routing hostgw|vxlan|bgp] [--racks N] [--proxy-mode iptables|nftables|ebpf]
               [--dataplane iptables|nftables] [--dual-stack] [--pod-cidr-size N] [--dir DIR] [--api-port PORT]
@@ -26,6 +27,9 @@ const usage = `usage: weftctl lab up|down|status|exec ... | weftctl check ... | 
   lab exec    [--dir DIR] NODE|POD -- CMD [ARGS...]   run CMD in the network namespace of a
               node (or cp, ext) or of a pod (NAME or NAMESPACE/NAME)
   check       [--dir DIR] [--keep]   connectivity test on the lab
+  why         [--kubeconfig FILE] [--dir DIR] FROM TO PORT[/PROTO]   the verdict of the cluster's
+              NetworkPolicies and ClusterNetworkPolicies on a connection (FROM, TO: NAMESPACE/POD
+              or an address), and what decided it
   install-cni [--from DIR] [--to DIR] [--replace weft-plugin,weft]   install the image's CNI plugins
               on the node (the weft-agent DaemonSet's init container)
   sysctl      NAME=VALUE...   set kernel settings unless set already (the weft-agent
@@ -41,7 +45,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "weft iptables wrapper:", err)
 		os.Exit(1)
 	}
-	top := map[string]func([]string) error{"check": runCheck, "install-cni": installCNI, "sysctl": setSysctls}
+	top := map[string]func([]string) error{"check": runCheck, "why": runWhy, "install-cni": installCNI, "sysctl": setSysctls}
 	if len(os.Args) >= 2 && top[os.Args[1]] != nil {
 		if err := top[os.Args[1]](os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "weftctl "+os.Args[1]+":", err)

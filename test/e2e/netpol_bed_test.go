@@ -18,8 +18,10 @@ import (
 	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/why"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/policy"
 	nt "github.com/weftnet/weft/policy/netpoltest"
 	"github.com/weftnet/weft/policy/oracle"
 )
@@ -174,6 +176,40 @@ func (b *netpolBed) expect(t *testing.T, w *nt.World, pols []*networkingv1.Netwo
 		return false
 	}
 	return true
+}
+
+// whyAgrees holds weftctl why's answers (internal/why, reading the live
+// cluster) against the oracle's grid for w, pols and cluster, which the
+// probes have just matched: every cell, the same verdict.
+func (b *netpolBed) whyAgrees(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolicy, what string, cluster ...*cnpv1beta1.ClusterNetworkPolicy) {
+	t.Helper()
+	cc, err := kube.NewClusterPolicyClient(lab.AdminKubeconfig(b.c.state.Dir), "weft-e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := why.State(context.Background(), b.c.client, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := why.NewExplainer(in)
+	want := oracle.Expect(oracle.World{Namespaces: w.Namespaces, Policies: pols, ClusterPolicies: cluster}, w.Pods, nt.Ports, nt.Protocols)
+	wrong := 0
+	for _, c := range want.Cases() {
+		a, err := e.Explain(why.Query{From: c.From, To: c.To, Port: uint16(c.Port), Protocol: policy.Protocol(c.Proto)})
+		if err != nil {
+			t.Fatalf("%s: why %s -> %s: %v", what, c.From, c.To, err)
+		}
+		if a.Allowed != want.Cells[c] {
+			if wrong++; wrong <= 5 {
+				var out strings.Builder
+				a.Print(&out)
+				t.Errorf("%s: weftctl why says allowed=%v, the probes %v:\n%s", what, a.Allowed, want.Cells[c], out.String())
+			}
+		}
+	}
+	if wrong > 0 {
+		t.Errorf("%s: weftctl why disagrees with the probes on %d of %d cells", what, wrong, len(want.Cells))
+	}
 }
 
 // droppedPackets sums weft_policy_dropped_packets_total over the nodes'

@@ -29,7 +29,8 @@ func TestNetworkPolicy(t *testing.T) {
 // NetworkPolicy allows; a Baseline one denies what a NetworkPolicy then
 // overrides for the pods it isolates; Pass hands a connection to the
 // NetworkPolicies; then nRandom random sets of both tiers beside random
-// NetworkPolicies; each held against the oracle on the lab.
+// NetworkPolicies; each held against the oracle on the lab, and weftctl
+// why's answer for every cell against the probes.
 func clusterNetworkPolicy(t *testing.T, b *netpolBed, nRandom int) {
 	t.Helper()
 	tcp := corev1.ProtocolTCP
@@ -59,7 +60,9 @@ func clusterNetworkPolicy(t *testing.T, b *netpolBed, nRandom int) {
 	b.reconcile(t, b.world, pols)
 	for _, st := range steps {
 		b.reconcileCluster(t, st.cluster)
-		b.expect(t, b.world, pols, st.name, st.cluster...)
+		if b.expect(t, b.world, pols, st.name, st.cluster...) {
+			b.whyAgrees(t, b.world, pols, st.name, st.cluster...)
+		}
 	}
 	r := rand.New(rand.NewPCG(9, 10))
 	for i := range nRandom {
@@ -67,7 +70,9 @@ func clusterNetworkPolicy(t *testing.T, b *netpolBed, nRandom int) {
 		cluster := nt.RandomCluster(r, b.world)
 		b.reconcile(t, b.world, pols)
 		b.reconcileCluster(t, cluster)
-		b.expect(t, b.world, pols, "random tiered set "+strconv.Itoa(i), cluster...)
+		if b.expect(t, b.world, pols, "random tiered set "+strconv.Itoa(i), cluster...) {
+			b.whyAgrees(t, b.world, pols, "random tiered set "+strconv.Itoa(i), cluster...)
+		}
 	}
 	b.reconcileCluster(t, nil)
 }
