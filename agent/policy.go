@@ -72,6 +72,7 @@ type PolicyController struct {
 	allocated chan struct{}
 	allocSeen atomic.Int64 // unix nanos of the first save noticed since the last sync, 0 if none
 	pending   pendingState // sync loop only
+	deny      denyLog
 
 	mu       sync.Mutex
 	pods     map[string]*corev1.Pod
@@ -332,6 +333,9 @@ func (c *PolicyController) sync() error {
 	if err != nil {
 		return err
 	}
+	if c.opts.LogDrops {
+		c.deny.update(d, podNames(in.Pods))
+	}
 	if unsettled {
 		if err := c.markReady(cov, c.v6.Load(), seen); err != nil {
 			return fmt.Errorf("marking programmed pods ready: %w", err)
@@ -376,3 +380,14 @@ func countPolicies(errs []*policy.FieldError) int {
 
 // Cleanup removes what the policy backend installed on the node.
 func (c *PolicyController) Cleanup() error { return c.backend.cleanup() }
+
+// podNames indexes pods by address.
+func podNames(pods []*corev1.Pod) map[netip.Addr]string {
+	out := map[netip.Addr]string{}
+	for _, p := range pods {
+		for _, ip := range policy.PodIPs(p) {
+			out[ip] = p.Namespace + "/" + p.Name
+		}
+	}
+	return out
+}

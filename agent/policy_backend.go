@@ -88,7 +88,7 @@ type iptablesPolicy struct {
 }
 
 func (b *iptablesPolicy) apply(d policy.Desired, pc policyConfig, v6 bool) (applyResult, error) {
-	cfg := polipt.Config{NodeName: pc.node, LogDrops: pc.logDrops}
+	cfg := polipt.Config{NodeName: pc.node, LogDrops: pc.logDrops, LogGroup: DropLogGroup}
 	if pc.sources != nil {
 		cfg.PodPorts, cfg.PodBridges = podPorts, []string{pc.bridge}
 		for _, s := range pc.sources {
@@ -177,7 +177,7 @@ type nftablesPolicy struct {
 const nftPodPorts = podPortPrefix + "*"
 
 func (b *nftablesPolicy) apply(d policy.Desired, pc policyConfig, _ bool) (applyResult, error) {
-	cfg := polnft.Config{NodeName: pc.node, LogDrops: pc.logDrops}
+	cfg := polnft.Config{NodeName: pc.node, LogDrops: pc.logDrops, LogGroup: DropLogGroup}
 	if pc.sources != nil {
 		cfg.PodPorts, cfg.PodBridges = nftPodPorts, []string{pc.bridge}
 		for _, s := range pc.sources {

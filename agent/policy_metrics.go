@@ -18,6 +18,8 @@ type policyMetrics struct {
 	pendingSeconds prometheus.Histogram
 	pendingExpired prometheus.Counter
 	pending        prometheus.Gauge
+	// denied counts the deny log's records by what denied.
+	denied *prometheus.CounterVec
 }
 
 func newPolicyMetrics(drops func() (in, out uint64, err error)) *policyMetrics {
@@ -41,8 +43,12 @@ func newPolicyMetrics(drops func() (in, out uint64, err error)) *policyMetrics {
 			Name: "weft_policy_pending_expired_total", Help: "New pod attachments released at --policy-pending-timeout without being tied to a Pod.",
 		}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_pending_attachments", Help: "Pod attachments of this node waiting to be programmed (default deny)."}),
+		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_policy_denied_total",
+			Help: "Connection attempts the deny log recorded (--policy-log-drops; rate-limited), by direction, deciding tier and policy (\"other\" past the first 500 label sets).",
+		}, []string{"direction", "tier", "policy"}),
 	}
-	m.registry.MustRegister(m.syncs, m.duration, m.isolated, m.sets, m.rejected, m.pendingSeconds, m.pendingExpired, m.pending)
+	m.registry.MustRegister(m.syncs, m.duration, m.isolated, m.sets, m.rejected, m.pendingSeconds, m.pendingExpired, m.pending, m.denied)
 	for _, dir := range []string{"ingress", "egress"} {
 		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "weft_policy_dropped_packets_total", Help: "Packets dropped by NetworkPolicy on this node.",

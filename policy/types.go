@@ -64,6 +64,10 @@ func (d Direction) Empty() bool {
 	return !d.Isolated && len(d.Admin) == 0 && len(d.Baseline) == 0
 }
 
+// DropLogPrefix, then the direction (ingress, egress), is the prefix the
+// backends give the drops they log.
+const DropLogPrefix = "weft-policy-drop "
+
 // Tier is a ClusterNetworkPolicy tier.
 type Tier string
 

@@ -72,7 +72,7 @@ func main() {
 	flag.StringVar(&f.dataplane, "dataplane", agent.DataplaneIPTables, "where weft's packet rules live: iptables (iptables and ipset tools) or nftables (weft's own nftables tables, no iptables or ipset tool needed); the default of --proxy-mode and --policy-mode, and the agent's own masquerade rules")
 	flag.BoolVar(&f.networkPolicy, "network-policy", true, "enforce NetworkPolicies for this node's pods")
 	flag.StringVar(&f.policyMode, "policy-mode", "", "NetworkPolicy backend: iptables (chains and ipsets) or nftables (tables inet and bridge weft-policy) (default: the --dataplane)")
-	flag.BoolVar(&f.policyLogDrops, "policy-log-drops", false, "log packets dropped by NetworkPolicy (rate-limited kernel log)")
+	flag.BoolVar(&f.policyLogDrops, "policy-log-drops", false, "the deny log: a JSON record on standard error of each connection attempt NetworkPolicy or ClusterNetworkPolicy denies (rate-limited), naming what denied it, and weft_policy_denied_total")
 	flag.DurationVar(&f.policyPendingTimeout, "policy-pending-timeout", agent.DefaultPendingTimeout, "how long a new pod the agent cannot tie to a Pod object stays default-deny before it is released as one no policy selects")
 	flag.BoolVar(&f.topologyExporter, "topology-exporter", true, "publish the node's network capacity (weft.dev/pod-ips, weft.dev/bandwidth, the pod-ips-exhausted taint) and topology labels, and shape pods requesting weft.dev/bandwidth")
 	flag.Int64Var(&f.nodeBandwidth, "node-bandwidth", 0, "the node's bandwidth in Mbit/s for weft.dev/bandwidth (default: the uplink's reported speed)")
@@ -259,6 +259,13 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 			}
 		}()
 		go watchClusterPolicies(ctx, f.kubeconfig, client, pc, clusterPolicies, log)
+		if f.policyLogDrops {
+			go func() {
+				if err := pc.RunDenyLog(ctx, slog.New(slog.NewJSONHandler(os.Stderr, nil))); err != nil {
+					log.Error("the deny log stopped", "err", err)
+				}
+			}()
+		}
 	}
 	if f.topologyExporter {
 		exp := agent.NewTopologyExporter(client, agent.TopologyOptions{NodeName: node, Routing: routing.Mode(mode), MTU: f.mtu,

@@ -169,3 +169,16 @@ func TestRandomTiers(t *testing.T) {
 		}
 	}
 }
+
+// TestDropLogged: with a log group, a dropped connection attempt reaches
+// that nflog group with its direction and flow (the agent's deny log).
+func TestDropLogged(t *testing.T) {
+	b := newBed(t)
+	var a polipt.Applier
+	pols := []*networkingv1.NetworkPolicy{nt.Policy("x", "deny-a", nt.L(nt.PodLabel, "a"))}
+	d := policy.Compile(policy.Input{Pods: b.World.Pods, Namespaces: b.World.Namespaces, Policies: pols})
+	if _, err := a.Apply(polipt.Render(d, polipt.Config{NodeName: nodeName, LogDrops: true, LogGroup: 7710})); err != nil {
+		t.Fatal(err)
+	}
+	b.CheckDropLogged(t, 7710, "y/b", "x/a")
+}

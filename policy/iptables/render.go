@@ -38,6 +38,9 @@ type Config struct {
 	LogDrops bool
 	// LogRate is the LOG limit (iptables --limit syntax), default 10/second.
 	LogRate string
+	// LogGroup, when not 0, sends the logged packets to this nflog group
+	// (NFLOG) instead of the kernel log: the agent's deny log reads them.
+	LogGroup uint16
 	// Family is 4 (the default) or 6.
 	Family int
 	// PodPorts, when set, is the iptables interface pattern of the pods'
@@ -169,7 +172,11 @@ func dropRules(cfg Config, dir string) []string {
 		if rate == "" {
 			rate = "10/second"
 		}
-		out = append(out, fmt.Sprintf("-m limit --limit %s --limit-burst 20 -j LOG --log-prefix %q", rate, "weft-policy-drop "+dir+": "))
+		if cfg.LogGroup != 0 {
+			out = append(out, fmt.Sprintf("-m limit --limit %s --limit-burst 20 -j NFLOG --nflog-prefix %q --nflog-group %d --nflog-size 128", rate, policy.DropLogPrefix+dir, cfg.LogGroup))
+		} else {
+			out = append(out, fmt.Sprintf("-m limit --limit %s --limit-burst 20 -j LOG --log-prefix %q", rate, policy.DropLogPrefix+dir+": "))
+		}
 	}
 	return append(out, fmt.Sprintf("-m comment --comment %q -j DROP", "weft policy "+dir+" drop"))
 }

@@ -161,3 +161,16 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDropLogged: with a log group, a dropped connection attempt reaches
+// that nflog group with its direction and flow (the agent's deny log).
+func TestDropLogged(t *testing.T) {
+	b := newBed(t)
+	cfg := b.config()
+	cfg.LogGroup = 7710
+	pols := []*networkingv1.NetworkPolicy{nt.Policy("x", "deny-a", nt.L(nt.PodLabel, "a"))}
+	if _, err := b.a.Apply(context.Background(), polnft.Render(nt.Compile(b.World, pols), cfg)); err != nil {
+		t.Fatal(err)
+	}
+	b.CheckDropLogged(t, cfg.LogGroup, "y/b", "x/a")
+}

@@ -47,6 +47,9 @@ type Config struct {
 	LogDrops bool
 	// LogRate is the log limit (nft limit rate syntax), default 10/second.
 	LogRate string
+	// LogGroup, when not 0, sends the logged packets to this nflog group
+	// instead of the kernel log: the agent's deny log reads them.
+	LogGroup uint16
 	// PodPorts, when set, is the nft interface wildcard of the pods'
 	// bridge ports ("weft*"): traffic entering from one must carry an
 	// address of the pod on that port, as Sources say (the bridge table).
@@ -229,7 +232,11 @@ func dropRules(cfg Config, dir string) []string {
 		if rate == "" {
 			rate = "10/second"
 		}
-		out = append(out, fmt.Sprintf("limit rate %s burst 20 packets log prefix %q", rate, "weft-policy-drop "+dir+": "))
+		if cfg.LogGroup != 0 {
+			out = append(out, fmt.Sprintf("limit rate %s burst 20 packets log prefix %q group %d snaplen 128", rate, policy.DropLogPrefix+dir, cfg.LogGroup))
+		} else {
+			out = append(out, fmt.Sprintf("limit rate %s burst 20 packets log prefix %q", rate, policy.DropLogPrefix+dir+": "))
+		}
 	}
 	return append(out, "counter drop")
 }
