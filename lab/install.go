@@ -83,6 +83,7 @@ configMapGenerator:
     literals:
       - routing=%s
       - resync=10s
+      - policy-log-drops=true
       - cluster-cidr=%s%s
   - name: weft-apiserver
     namespace: weft-system

@@ -1,15 +1,20 @@
 package e2e
 
 import (
+	"context"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
+	"github.com/weftnet/weft/lab"
 	nt "github.com/weftnet/weft/policy/netpoltest"
 )
 
@@ -58,10 +63,15 @@ func clusterNetworkPolicy(t *testing.T, b *netpolBed, nRandom int) {
 			nt.ClusterPolicy("baseline-deny-z", cnpv1beta1.BaselineTier, 10, ns("x"), fromNS(cnpv1beta1.ClusterNetworkPolicyRuleActionDeny, "z"))}},
 	}
 	b.reconcile(t, b.world, pols)
-	for _, st := range steps {
+	for i, st := range steps {
 		b.reconcileCluster(t, st.cluster)
 		if b.expect(t, b.world, pols, st.name, st.cluster...) {
 			b.whyAgrees(t, b.world, pols, st.name, st.cluster...)
+		}
+		if i == 0 {
+			// The probes' denied attempts from y to x/a are in the deny
+			// log of x/a's node, naming the Admin rule.
+			denyLogged(t, b, "x/a", `"clusterNetworkPolicy":"deny-y"`, `"tier":"Admin"`, `"rule":"ingress[0]"`)
 		}
 	}
 	r := rand.New(rand.NewPCG(9, 10))
@@ -141,4 +151,40 @@ func sourceCheck(t *testing.T, b *netpolBed) {
 		}
 	}
 	b.reconcile(t, b.world, nil)
+}
+
+// denyLogged waits until the deny log of the agent on to's node has a
+// record of a connection to the bed's pod to that holds every one of
+// want (JSON fragments).
+func denyLogged(t *testing.T, b *netpolBed, to string, want ...string) {
+	t.Helper()
+	node := ""
+	for _, p := range b.world.Pods {
+		if p.Namespace+"/"+p.Name == to {
+			node = p.Spec.NodeName
+		}
+	}
+	ctx := context.Background()
+	var last string
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		pods, err := b.c.client.CoreV1().Pods("weft-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=weft-agent",
+			FieldSelector: "spec.nodeName=" + node})
+		if err != nil || len(pods.Items) == 0 {
+			t.Fatalf("the agent of %s: %v", node, err)
+		}
+		out, err := lab.Kubectl(ctx, b.c.state, "logs", "-n", "weft-system", pods.Items[0].Name, "-c", "agent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if !strings.Contains(line, `"msg":"connection denied by policy"`) || !strings.Contains(line, `"dstPod":"`+to+`"`) {
+				continue
+			}
+			last = line
+			if !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(line, w) }) {
+				return
+			}
+		}
+	}
+	t.Errorf("no deny log record of a connection to %s with %v on %s; the last record to it: %s", to, want, node, last)
 }
