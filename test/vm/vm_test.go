@@ -68,11 +68,13 @@ func TestVM(t *testing.T) {
 		Env: map[string]string{"WEFT_CNI_PATH": "/weft/cni"},
 		// Networking and netfilter (IPVS among them), the virtual links the
 		// tests make (bonds and VLANs for the uplink scenarios, which this
-		// machine's kernel cannot make), and the VM's entropy source.
+		// machine's kernel cannot make), sock_diag for TCP (the reset
+		// aborts a client on the node by SOCK_DESTROY), and the VM's
+		// entropy source.
 		ModuleDirs: []string{"kernel/net", "kernel/drivers/net/veth.ko", "kernel/drivers/net/dummy.ko",
 			"kernel/drivers/net/bonding", "kernel/drivers/char/hw_random"},
 		Load: []string{"virtio-rng", "veth", "dummy", "bridge", "br_netfilter", "bonding", "8021q", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_sh", "ip_vs_mh",
-			"nf_tables", "nf_conntrack", "nf_nat"},
+			"nf_tables", "nf_conntrack", "nf_nat", "inet_diag", "tcp_diag"},
 	}
 	// WEFT_VM_SUITES (comma-separated names) and WEFT_VM_RUN (a -run
 	// pattern) narrow a run while working on one suite.
