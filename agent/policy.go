@@ -47,7 +47,16 @@ type PolicyOptions struct {
 	// sync waits for them (kube.WatchClusterPolicies feeds them) as for
 	// the NetworkPolicies.
 	ClusterPolicies bool
-	Log             *slog.Logger
+	// ClusterStatus, when set, writes each ClusterNetworkPolicy's status
+	// condition: enforced as written, or what fails closed.
+	ClusterStatus ClusterStatusWriter
+	Log           *slog.Logger
+}
+
+// ClusterStatusWriter writes a ClusterNetworkPolicy's condition for its
+// problems (kube.ClusterPolicyStatus); done false: try again later.
+type ClusterStatusWriter interface {
+	Report(ctx context.Context, p *cnpv1beta1.ClusterNetworkPolicy, problems []string) (done bool, err error)
 }
 
 // PolicyController enforces NetworkPolicies and ClusterNetworkPolicies
@@ -81,6 +90,9 @@ type PolicyController struct {
 	cluster  map[string]*cnpv1beta1.ClusterNetworkPolicy
 	nodes    map[string]*corev1.Node
 	rejected map[string]string // policy key -> last logged problems
+	// reported is, per ClusterNetworkPolicy, the generation and problems
+	// its status says (sync loop only).
+	reported map[string]string
 }
 
 // NewPolicyController returns a controller; feed it with kube.WatchPolicies
@@ -106,7 +118,7 @@ func NewPolicyController(o PolicyOptions) (*PolicyController, error) {
 	c := &PolicyController{allocated: make(chan struct{}, 1), opts: o, backend: backend,
 		trigger: make(chan struct{}, 1), synced: make(chan struct{}), clusterSynced: make(chan struct{}),
 		pods: map[string]*corev1.Pod{}, nss: map[string]*corev1.Namespace{}, pols: map[string]*networkingv1.NetworkPolicy{},
-		cluster: map[string]*cnpv1beta1.ClusterNetworkPolicy{}, nodes: map[string]*corev1.Node{}, rejected: map[string]string{}}
+		cluster: map[string]*cnpv1beta1.ClusterNetworkPolicy{}, nodes: map[string]*corev1.Node{}, rejected: map[string]string{}, reported: map[string]string{}}
 	if !o.ClusterPolicies {
 		close(c.clusterSynced)
 	}
@@ -300,6 +312,7 @@ func (c *PolicyController) sync() error {
 	in, cov := c.input(allocs)
 	d := policy.Compile(in)
 	c.logRejected(d.Errors)
+	c.reportClusterStatus(in.ClusterPolicies, d.Errors)
 	cfg := policyConfig{node: c.opts.NodeName, logDrops: c.opts.LogDrops, bridge: c.opts.Bridge}
 	if c.opts.IPAMDataDir != "" {
 		cfg.sources = podSources(allocs)
@@ -348,6 +361,43 @@ func (c *PolicyController) sync() error {
 		c.opts.Log.Info("network policy applied", append([]any{"node", c.opts.NodeName, "isolatedPods", local}, res.changes...)...)
 	}
 	return nil
+}
+
+// reportClusterStatus writes the status condition of each
+// ClusterNetworkPolicy whose generation or problems changed since it was
+// last written.
+func (c *PolicyController) reportClusterStatus(pols []*cnpv1beta1.ClusterNetworkPolicy, errs []*policy.FieldError) {
+	if c.opts.ClusterStatus == nil {
+		return
+	}
+	problems := map[string][]string{}
+	for _, e := range errs {
+		if e.Kind == policy.ClusterKind {
+			problems[e.Policy] = append(problems[e.Policy], e.Field+": "+e.Err.Error())
+		}
+	}
+	seen := map[string]bool{}
+	for _, p := range pols {
+		seen[p.Name] = true
+		key := fmt.Sprint(p.Generation, problems[p.Name])
+		if c.reported[p.Name] == key {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		done, err := c.opts.ClusterStatus.Report(ctx, p, problems[p.Name])
+		cancel()
+		if err != nil {
+			c.opts.Log.Warn("writing a clusternetworkpolicy's status", "clusterNetworkPolicy", p.Name, "err", err)
+		}
+		if done {
+			c.reported[p.Name] = key
+		}
+	}
+	for name := range c.reported {
+		if !seen[name] {
+			delete(c.reported, name)
+		}
+	}
 }
 
 // logRejected logs each rejected policy once per distinct problem.

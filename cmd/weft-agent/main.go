@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	cnpclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/weftnet/weft/agent"
 	"github.com/weftnet/weft/cni"
@@ -218,15 +219,21 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	}
 	var pc *agent.PolicyController
 	clusterPolicies := false
+	var cnpStatus agent.ClusterStatusWriter
+	var cnpClient cnpclient.Interface
 	if f.networkPolicy && !f.cleanup {
 		if clusterPolicies, err = kube.ClusterPoliciesServed(client); err != nil {
 			return err
 		}
+		if cnpClient, err = kube.NewClusterPolicyClient(f.kubeconfig, "weft-agent/"+buildinfo.Version); err != nil {
+			return err
+		}
+		cnpStatus = kube.ClusterPolicyStatus{Client: cnpClient}
 	}
 	if f.networkPolicy || f.cleanup {
 		if pc, err = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, Mode: f.policyMode, LogDrops: f.policyLogDrops, Resync: f.resync,
 			IPAMDataDir: f.dataDir, Bridge: f.bridge, PendingTimeout: f.policyPendingTimeout, ClusterPolicies: clusterPolicies,
-			Log: log.With("component", "policy")}); err != nil {
+			ClusterStatus: cnpStatus, Log: log.With("component", "policy")}); err != nil {
 			return fmt.Errorf("--policy-mode %s: %w", f.policyMode, err)
 		}
 	}
@@ -258,7 +265,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 				log.Error("watching network policies", "err", err)
 			}
 		}()
-		go watchClusterPolicies(ctx, f.kubeconfig, client, pc, clusterPolicies, log)
+		go watchClusterPolicies(ctx, client, cnpClient, pc, clusterPolicies, log)
 		if f.policyLogDrops {
 			go func() {
 				if err := pc.RunDenyLog(ctx, slog.New(slog.NewJSONHandler(os.Stderr, nil))); err != nil {
@@ -317,7 +324,7 @@ func (f agentFlags) checkTopology() error {
 // watchClusterPolicies feeds pc the ClusterNetworkPolicies. Their CRD may
 // be installed after the agent started: until it is served, the agent
 // looks again every 30 s.
-func watchClusterPolicies(ctx context.Context, kubeconfig string, client kubernetes.Interface, pc *agent.PolicyController, served bool, log *slog.Logger) {
+func watchClusterPolicies(ctx context.Context, client kubernetes.Interface, cc cnpclient.Interface, pc *agent.PolicyController, served bool, log *slog.Logger) {
 	if !served {
 		log.Info("ClusterNetworkPolicies are not served (the CRD of sigs.k8s.io/network-policy-api is not installed): looking again every 30 s")
 	}
@@ -332,12 +339,8 @@ func watchClusterPolicies(ctx context.Context, kubeconfig string, client kuberne
 			log.Error("looking for ClusterNetworkPolicies", "err", err)
 		}
 	}
-	cc, err := kube.NewClusterPolicyClient(kubeconfig, "weft-agent/"+buildinfo.Version)
-	if err == nil {
-		log.Info("enforcing ClusterNetworkPolicies", "api", kube.ClusterPolicyGroupVersion)
-		err = kube.WatchClusterPolicies(ctx, client, cc, pc)
-	}
-	if err != nil {
+	log.Info("enforcing ClusterNetworkPolicies", "api", kube.ClusterPolicyGroupVersion)
+	if err := kube.WatchClusterPolicies(ctx, client, cc, pc); err != nil {
 		log.Error("watching cluster network policies", "err", err)
 	}
 }

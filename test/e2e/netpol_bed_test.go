@@ -14,6 +14,7 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
@@ -176,6 +177,27 @@ func (b *netpolBed) expect(t *testing.T, w *nt.World, pols []*networkingv1.Netwo
 		return false
 	}
 	return true
+}
+
+// conditionSays waits until ClusterNetworkPolicy name's weft condition
+// has status and a message holding msg.
+func (b *netpolBed) conditionSays(t *testing.T, name string, status metav1.ConditionStatus, msg string) {
+	t.Helper()
+	cc, err := kube.NewClusterPolicyClient(lab.AdminKubeconfig(b.c.state.Dir), "weft-e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cond *metav1.Condition
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		p, err := cc.PolicyV1beta1().ClusterNetworkPolicies().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cond = meta.FindStatusCondition(p.Status.Conditions, kube.ClusterPolicyCondition); cond != nil && cond.Status == status && strings.Contains(cond.Message, msg) {
+			return
+		}
+	}
+	t.Errorf("clusternetworkpolicy %s: condition %s is %+v, want %s saying %q", name, kube.ClusterPolicyCondition, cond, status, msg)
 }
 
 // whyAgrees holds weftctl why's answers (internal/why, reading the live

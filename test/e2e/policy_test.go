@@ -84,6 +84,15 @@ func clusterNetworkPolicy(t *testing.T, b *netpolBed, nRandom int) {
 			b.whyAgrees(t, b.world, pols, "random tiered set "+strconv.Itoa(i), cluster...)
 		}
 	}
+	// The agents' status condition: enforced as written, or what fails
+	// closed (a domainNames peer, which weft does not support).
+	names := nt.ClusterPolicy("names", cnpv1beta1.AdminTier, 1, ns("z"), func(s *cnpv1beta1.ClusterNetworkPolicySpec) {
+		s.Egress = []cnpv1beta1.ClusterNetworkPolicyEgressRule{{Action: cnpv1beta1.ClusterNetworkPolicyRuleActionAccept,
+			To: []cnpv1beta1.ClusterNetworkPolicyEgressPeer{{DomainNames: []cnpv1beta1.DomainName{"example.com"}}}}}
+	})
+	b.reconcileCluster(t, []*cnpv1beta1.ClusterNetworkPolicy{steps[0].cluster[0], names})
+	b.conditionSays(t, "deny-y", metav1.ConditionTrue, "enforced as written")
+	b.conditionSays(t, "names", metav1.ConditionFalse, "spec.egress[0].to[0].domainNames: domain name peers are not supported")
 	b.reconcileCluster(t, nil)
 }
 
