@@ -1,6 +1,7 @@
 // Command policybench measures weft's NetworkPolicy enforcement at scale:
 //
-//   - compile: policy.Compile over -policies policies and -pods pods
+//   - compile: policy.Compile over -policies NetworkPolicies and
+//     -cluster-policies ClusterNetworkPolicies (both tiers) and -pods pods
 //     (median of -runs);
 //   - render: each backend's Render (policy/iptables, policy/nftables) of
 //     the result for a node holding every pod (the worst case for one node);
@@ -11,7 +12,10 @@
 //     each a NEW conntrack entry walking the policy chains) with no policy,
 //     with 1 policy, and with -policies policies all selecting that pod and
 //     each allowing other peers (the allowing one sorted last); the ratio
-//     1,000 : 1 shows whether the pod's chain stays flat.
+//     1,000 : 1 shows whether the pod's chain stays flat; then with
+//     -cluster-policies Admin ClusterNetworkPolicies selecting the pod
+//     beside the policies (none matching the client: every one is walked)
+//     against 1 beside 1.
 //
 // There is no upstream NetworkPolicy peer available on this machine to
 // compare with (kube-proxy has no policy), so the report gives weft's
@@ -19,7 +23,7 @@
 //
 // Usage (root, repository root):
 //
-//	go run ./test/bench/policybench [-policies 1000] [-pods 2000] [-conns 3000] [-runs 5] [-backends iptables,nftables]
+//	go run ./test/bench/policybench [-policies 1000] [-cluster-policies 1000] [-pods 2000] [-conns 3000] [-runs 5] [-backends iptables,nftables]
 //
 // Everything runs in a private network and mount namespace
 // (netnsutil.Isolate).
@@ -36,12 +40,13 @@ import (
 
 func main() {
 	nPol := flag.Int("policies", 1000, "NetworkPolicies")
+	nCluster := flag.Int("cluster-policies", 1000, "ClusterNetworkPolicies beside them")
 	nPods := flag.Int("pods", 2000, "pods")
 	conns := flag.Int("conns", 3000, "TCP connections per rate measurement")
 	runs := flag.Int("runs", 5, "repetitions (medians are reported)")
 	names := flag.String("backends", "iptables,nftables", "policy backends measured, comma-separated: iptables, nftables")
 	flag.Parse()
-	benchlab.Main("policybench", func(context.Context) error { return run(*nPol, *nPods, *conns, *runs, *names) })
+	benchlab.Main("policybench", func(context.Context) error { return run(*nPol, *nCluster, *nPods, *conns, *runs, *names) })
 }
 
 func median(d []time.Duration) time.Duration {

@@ -7,14 +7,16 @@ import (
 	"github.com/weftnet/weft/policy"
 )
 
-func run(nPol, nPods, conns, runs int, names string) error {
+func run(nPol, nCluster, nPods, conns, runs int, names string) error {
 	bs, err := backends(names)
 	if err != nil {
 		return err
 	}
 	in := world(nPods)
 	in.Policies = scalePolicies(nPol)
-	fmt.Printf("policybench: %d policies, %d pods (all on this node), %d runs, backends %s\n\n", nPol, nPods, runs, names)
+	in.ClusterPolicies = scaleClusterPolicies(nCluster)
+	fmt.Printf("policybench: %d NetworkPolicies, %d ClusterNetworkPolicies, %d pods (all on this node), %d runs, backends %s\n\n",
+		nPol, nCluster, nPods, runs, names)
 
 	var compile []time.Duration
 	var d policy.Desired
@@ -30,7 +32,7 @@ func run(nPol, nPods, conns, runs int, names string) error {
 			return fmt.Errorf("%s: %w", b.name(), err)
 		}
 	}
-	return rates(bs, nPol, nPods, conns, runs)
+	return rates(bs, nPol, nCluster, nPods, conns, runs)
 }
 
 // scale measures render and apply of the scale world for one backend: the
@@ -92,7 +94,7 @@ func scale(b backend, in policy.Input, runs int) error {
 // with no policy, 1 policy, nPol policies and the worst case, for every
 // backend, interleaved so that load from other processes on the machine
 // hits every case alike.
-func rates(bs []backend, nPol, nPods, conns, runs int) error {
+func rates(bs []backend, nPol, nCluster, nPods, conns, runs int) error {
 	b, err := newConnBed()
 	if err != nil {
 		return err
@@ -103,18 +105,22 @@ func rates(bs []backend, nPol, nPods, conns, runs int) error {
 		be      backend
 		n       int // policies selecting the server; 0: none
 		ports   bool
+		cluster int // ClusterNetworkPolicies selecting the server
 		r       rendered
 		samples []float64
 	}
 	var cases []*rateCase
 	for _, be := range bs {
 		for _, c := range []*rateCase{{name: "no policy"}, {name: "1 policy", n: 1}, {name: fmt.Sprintf("%d policies", nPol), n: nPol},
-			{name: fmt.Sprintf("%d policies, each its own port (worst case)", nPol), n: nPol, ports: true}} {
+			{name: fmt.Sprintf("%d policies, each its own port (worst case)", nPol), n: nPol, ports: true},
+			{name: "1 policy, 1 Admin ClusterNetworkPolicy", n: 1, cluster: 1},
+			{name: fmt.Sprintf("%d policies, %d Admin ClusterNetworkPolicies", nPol, nCluster), n: nPol, cluster: nCluster}} {
 			c.be = be
 			w := world(nPods)
 			if c.n > 0 {
 				w.Policies = serverPolicies(c.n, c.ports)
 			}
+			w.ClusterPolicies = serverClusterPolicies(c.cluster)
 			c.r = be.render(policy.Compile(w))
 			cases = append(cases, c)
 		}
@@ -139,10 +145,12 @@ func rates(bs []backend, nPol, nPods, conns, runs int) error {
 		fmt.Printf("%-62s %10.0f %6d\n", c.be.name()+": "+c.name, medianF(c.samples), c.r.path())
 	}
 	for i, be := range bs {
-		cs := cases[4*i : 4*i+4]
+		cs := cases[6*i : 6*i+6]
 		none, one, many, worst := medianF(cs[0].samples), medianF(cs[1].samples), medianF(cs[2].samples), medianF(cs[3].samples)
-		fmt.Printf("%s: ratio %d policies : 1 policy = %.2f (1.00 is flat); 1 policy : none = %.2f; worst case : 1 policy = %.2f\n",
-			be.name(), nPol, many/one, one/none, worst/one)
+		oneCluster, manyCluster := medianF(cs[4].samples), medianF(cs[5].samples)
+		fmt.Printf("%s: ratio %d policies : 1 policy = %.2f (1.00 is flat); 1 policy : none = %.2f; worst case : 1 policy = %.2f; "+
+			"%d ClusterNetworkPolicies beside %d policies : 1 beside 1 = %.2f\n",
+			be.name(), nPol, many/one, one/none, worst/one, nCluster, nPol, manyCluster/oneCluster)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/weftnet/weft/policy"
 	nt "github.com/weftnet/weft/policy/netpoltest"
@@ -104,5 +105,54 @@ func serverPolicies(n int, distinctPorts bool) []*networkingv1.NetworkPolicy {
 	}
 	out = append(out, nt.Policy(benchNS, "zz-client", server,
 		nt.Ingress(nt.From(nt.Peers(nt.PodPeer(map[string]string{"role": "client"})), nt.Port(corev1.ProtocolTCP, 80)))))
+	return out
+}
+
+// scaleClusterPolicies are n ClusterNetworkPolicies over the world, half
+// in each tier, mixing actions, subjects by namespace and by pod, peers by
+// namespace, pod and network, numbered and named ports.
+func scaleClusterPolicies(n int) []*cnp.ClusterNetworkPolicy {
+	var out []*cnp.ClusterNetworkPolicy
+	actions := []cnp.ClusterNetworkPolicyRuleAction{cnp.ClusterNetworkPolicyRuleActionDeny, cnp.ClusterNetworkPolicyRuleActionAccept, cnp.ClusterNetworkPolicyRuleActionPass}
+	for k := range n {
+		tier := cnp.AdminTier
+		if k%2 == 1 {
+			tier = cnp.BaselineTier
+		}
+		p := nt.ClusterPolicy(fmt.Sprintf("cnp-%04d", k), tier, int32(k%1000), metav1.LabelSelector{MatchLabels: map[string]string{"tier": fmt.Sprint(k % 4)}})
+		if k%3 == 0 {
+			p.Spec.Subject = cnp.ClusterNetworkPolicySubject{Pods: &cnp.NamespacedPod{
+				NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"name": fmt.Sprintf("ns-%02d", k%namespaces)}},
+				PodSelector:       metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%02d", k%apps)}}}}
+		}
+		proto := nt.ClusterPort(corev1.ProtocolTCP, int32(1000+k%500))
+		if k%4 == 1 {
+			proto = cnp.ClusterNetworkPolicyProtocol{DestinationNamedPort: "http"}
+		}
+		p.Spec.Ingress = []cnp.ClusterNetworkPolicyIngressRule{nt.ClusterIngress(actions[k%3],
+			[]cnp.ClusterNetworkPolicyEgressPeer{nt.PodsPeer(metav1.LabelSelector{MatchLabels: map[string]string{"tier": fmt.Sprint((k + 1) % 4)}},
+				metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprint(k % 3)}})}, proto)}
+		if k%5 == 0 {
+			p.Spec.Egress = []cnp.ClusterNetworkPolicyEgressRule{nt.ClusterEgress(cnp.ClusterNetworkPolicyRuleActionDeny,
+				[]cnp.ClusterNetworkPolicyEgressPeer{nt.NetworksPeer(fmt.Sprintf("192.168.%d.0/24", k%256))})}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// serverClusterPolicies are n Admin ClusterNetworkPolicies whose subject
+// is the bench server, each denying another namespace's pods on port 80:
+// none matches the client, so its connections walk every one of them
+// before the NetworkPolicies decide.
+func serverClusterPolicies(n int) []*cnp.ClusterNetworkPolicy {
+	var out []*cnp.ClusterNetworkPolicy
+	for k := range n {
+		p := nt.ClusterPolicy(fmt.Sprintf("server-%04d", k), cnp.AdminTier, int32(k%1000), metav1.LabelSelector{MatchLabels: map[string]string{"name": benchNS}})
+		p.Spec.Ingress = []cnp.ClusterNetworkPolicyIngressRule{nt.ClusterIngress(cnp.ClusterNetworkPolicyRuleActionDeny,
+			[]cnp.ClusterNetworkPolicyEgressPeer{nt.PodsPeer(metav1.LabelSelector{MatchLabels: map[string]string{"name": fmt.Sprintf("ns-%02d", k%namespaces)}},
+				metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprint(k % 3)}})}, nt.ClusterPort(corev1.ProtocolTCP, 80))}
+		out = append(out, p)
+	}
 	return out
 }
