@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -361,18 +362,31 @@ func DirectionSignature(d Direction) string {
 	if len(d.Admin) == 0 && len(d.Baseline) == 0 {
 		return sig
 	}
-	tier := func(rules []TierRule) string {
-		parts := make([]string, len(rules))
-		for i, r := range rules {
-			peers := "all"
-			if !r.AllPeers {
-				peers = strings.Join(r.Peers, "+")
+	var b strings.Builder
+	tier := func(name string, rules []TierRule) {
+		b.WriteString(name + "[")
+		for _, r := range rules {
+			b.WriteString(string(r.Action) + ":")
+			if r.AllPeers {
+				b.WriteString("all")
 			}
-			parts[i] = fmt.Sprintf("%s:%s%v", r.Action, peers, r.Ports)
+			for i, p := range r.Peers {
+				if i > 0 {
+					b.WriteByte('+')
+				}
+				b.WriteString(p)
+			}
+			for _, p := range r.Ports {
+				b.WriteString(" " + string(p.Protocol) + "/" + strconv.Itoa(int(p.From)) + "-" + strconv.Itoa(int(p.To)))
+			}
+			b.WriteByte(';')
 		}
-		return strings.Join(parts, ";")
+		b.WriteString("] ")
 	}
-	return fmt.Sprintf("admin[%s] isolated=%v[%s] baseline[%s]", tier(d.Admin), d.Isolated, sig, tier(d.Baseline))
+	tier("admin", d.Admin)
+	b.WriteString("isolated=" + strconv.FormatBool(d.Isolated) + "[" + sig + "] ")
+	tier("baseline", d.Baseline)
+	return b.String()
 }
 
 // Signature identifies a direction's rules by their structure: the peer

@@ -92,28 +92,29 @@ func merge(rs []addrRange) []addrRange {
 	return out
 }
 
-// subtract is rs minus cut, both disjoint and in order (merge's output).
+// subtract is rs minus cut, both disjoint and in order (merge's output),
+// in one sweep of both.
 func subtract(rs, cut []addrRange) []addrRange {
 	var out []addrRange
+	j := 0
 	for _, r := range rs {
-		cur := []addrRange{r}
-		for _, c := range cut {
-			var next []addrRange
-			for _, x := range cur {
-				if c.hi.Compare(x.lo) < 0 || c.lo.Compare(x.hi) > 0 {
-					next = append(next, x)
-					continue
-				}
-				if c.lo.Compare(x.lo) > 0 {
-					next = append(next, addrRange{x.lo, c.lo.Prev()})
-				}
-				if c.hi.Compare(x.hi) < 0 {
-					next = append(next, addrRange{c.hi.Next(), x.hi})
-				}
-			}
-			cur = next
+		for j < len(cut) && cut[j].hi.Compare(r.lo) < 0 {
+			j++ // cuts wholly below r (and below every later range)
 		}
-		out = append(out, cur...)
+		lo, whole := r.lo, true
+		for k := j; k < len(cut) && cut[k].lo.Compare(r.hi) <= 0; k++ {
+			if cut[k].lo.Compare(lo) > 0 {
+				out = append(out, addrRange{lo, cut[k].lo.Prev()})
+			}
+			if cut[k].hi.Compare(r.hi) >= 0 {
+				whole = false
+				break
+			}
+			lo = cut[k].hi.Next()
+		}
+		if whole {
+			out = append(out, addrRange{lo, r.hi})
+		}
 	}
 	return out
 }

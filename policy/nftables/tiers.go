@@ -97,10 +97,11 @@ func tierRules(prefix, peer, drop, pass string, rules []policy.TierRule, addrSet
 			}
 		}
 		// The sets the rules' structure calls for, in a fixed order.
+		boxes, otherClaims := tierBoxes(spans), firstClaims(other)
 		for _, a := range []policy.Action{policy.Accept, policy.Deny, policy.Pass} {
 			if slices.ContainsFunc(spans, func(s tierSpan) bool { return s.verdict == string(a) }) {
 				s := Set{Name: fmt.Sprintf("%s-%s-ports%s", prefix, names[a], fam), Type: typ + " . inet_proto . inet_service", Interval: true}
-				for _, b := range tierBoxes(spans) {
+				for _, b := range boxes {
 					for _, r := range b.byVerdict[string(a)] {
 						s.Elements = append(s.Elements, Element{Key: []string{r.String(), b.proto, b.ports()}})
 					}
@@ -110,7 +111,7 @@ func tierRules(prefix, peer, drop, pass string, rules []policy.TierRule, addrSet
 			}
 			if slices.ContainsFunc(other, func(s tierSpan) bool { return s.verdict == string(a) }) {
 				s := Set{Name: fmt.Sprintf("%s-%s-other%s", prefix, names[a], fam), Type: typ, Interval: true}
-				for _, r := range firstClaims(other)[string(a)] {
+				for _, r := range otherClaims[string(a)] {
 					s.Elements = append(s.Elements, Element{Key: []string{r.String()}})
 				}
 				sets = append(sets, s)

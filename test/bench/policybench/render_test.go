@@ -25,3 +25,25 @@ func BenchmarkRenderNFTables(b *testing.B) {
 		polnft.Render(d, polnft.Config{NodeName: nodeName})
 	}
 }
+
+// BenchmarkCompileWithClusterPolicies compiles 1,000 NetworkPolicies and
+// 1,000 ClusterNetworkPolicies over 2,000 pods.
+func BenchmarkCompileWithClusterPolicies(b *testing.B) {
+	in := world(2000)
+	in.Policies = scalePolicies(1000)
+	in.ClusterPolicies = scaleClusterPolicies(1000)
+	for b.Loop() {
+		policy.Compile(in)
+	}
+}
+
+// BenchmarkRenderNFTablesWithClusterPolicies renders that state.
+func BenchmarkRenderNFTablesWithClusterPolicies(b *testing.B) {
+	in := world(2000)
+	in.Policies = scalePolicies(1000)
+	in.ClusterPolicies = scaleClusterPolicies(1000)
+	d := policy.Compile(in)
+	for b.Loop() {
+		polnft.Render(d, polnft.Config{NodeName: nodeName})
+	}
+}
