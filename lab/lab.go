@@ -38,6 +38,10 @@ type Options struct {
 	// Racks puts the nodes on that many underlay subnets joined by a ToR
 	// router (0 or 1: one segment).
 	Racks int `json:"racks,omitempty"`
+	// Zones spreads the nodes over that many zones (topology.kubernetes.io/zone
+	// zone-1 .. zone-N, node i in zone ((i-1) mod N)+1); 0: each node is
+	// a zone of its own. With racks, each rack is a zone.
+	Zones int `json:"zones,omitempty"`
 	// ProxyMode is the agents' service proxy: iptables (default),
 	// nftables or ebpf.
 	ProxyMode string `json:"proxyMode,omitempty"`

@@ -575,10 +575,14 @@ func (o Options) inNodeMounts(n Member, holder int) []Proc {
 		"--kubeconfig", filepath.Join(o.Dir, n.Name+"-kubelet.kubeconfig"),
 		"--hostname-override", n.Name, "--node-ip", n.nodeIPs(), "--v", "1",
 	}
-	// Each node is a zone of its own, a rack of nodes one zone: the
-	// upstream suite's topology specs need three zones, and the proxy
-	// follows zone hints only on a node with a zone.
+	// Each node is a zone of its own, or Zones zones, a rack of nodes one
+	// zone: the upstream suite's topology specs need three zones (some
+	// with two nodes each), and the proxy follows zone hints only on a
+	// node with a zone.
 	labels := ZoneLabel + "=zone-" + n.Name
+	if i, err := strconv.Atoi(strings.TrimPrefix(n.Name, "node")); err == nil && o.Zones > 0 {
+		labels = ZoneLabel + "=zone-" + strconv.Itoa((i-1)%o.Zones+1)
+	}
 	if o.Racks > 1 {
 		labels = RackLabel + "=" + strconv.Itoa(n.Rack) + "," + ZoneLabel + "=rack-" + strconv.Itoa(n.Rack)
 	}

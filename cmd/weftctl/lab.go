@@ -34,6 +34,7 @@ func labUp(args []string) error {
 	nodes := fs.Int("nodes", 3, "number of nodes")
 	routing := fs.String("routing", "hostgw", "cross-node routing: hostgw, vxlan or bgp")
 	racks := fs.Int("racks", 0, "put the nodes on that many racks (subnets) behind a BGP top-of-rack router; 0 or 1: one segment")
+	zones := fs.Int("zones", 0, "spread the nodes over that many zones (0: each node its own; with racks, each rack one)")
 	proxyMode := fs.String("proxy-mode", "", "the agents' service proxy: "+strings.Join(lab.ProxyModes, ", ")+" (default: nftables with --dataplane nftables, else iptables)")
 	dataplane := fs.String("dataplane", "", "where the agents' packet rules live: "+strings.Join(lab.Dataplanes, ", ")+" (default: nftables with --proxy-mode nftables, else iptables)")
 	dualStack := fs.Bool("dual-stack", false, "IPv6 beside IPv4: underlay, node addresses, podCIDRs ("+lab.ClusterCIDR6+") and Services ("+lab.ServiceCIDR6+"); one segment only")
@@ -49,7 +50,7 @@ func labUp(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return lab.Up(ctx, lab.Options{
-		Nodes: *nodes, Routing: *routing, Racks: *racks, ProxyMode: *proxyMode, Dataplane: *dataplane, DualStack: *dualStack, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+		Nodes: *nodes, Routing: *routing, Racks: *racks, Zones: *zones, ProxyMode: *proxyMode, Dataplane: *dataplane, DualStack: *dualStack, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
 	})
 }
 

@@ -50,6 +50,7 @@ type config struct {
 	modes         []string
 	focus, skip   string
 	nodes, procs  int
+	zones         int
 	timeout       time.Duration
 	out, bin, dir string
 	keep          bool
@@ -74,6 +75,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.skip, "skip", defaultSkip(), "ginkgo skip regexp; the default leaves out what this lab cannot run (docs/conformance.md)")
 	conformanceOnly := fs.Bool("conformance-only", false, "the CI selection: focus "+conformanceFocus+", skip "+conformanceSkip+" (an explicit -focus or -skip still wins)")
 	fs.IntVar(&c.nodes, "nodes", 3, "lab nodes")
+	fs.IntVar(&c.zones, "zones", 0, "spread the nodes over that many zones (0: each node its own); the Traffic Distribution specs want 3 zones of 2 nodes: -nodes 6 -zones 3")
 	fs.IntVar(&c.procs, "procs", 2, "parallel ginkgo processes")
 	fs.DurationVar(&c.timeout, "timeout", 3*time.Hour, "ginkgo's timeout for one mode's suite")
 	fs.StringVar(&c.out, "out", "bin/conformance", "results directory: <out>/<mode>/ (ginkgo.log, junit_01.xml, lab logs) and <out>/summary.md")
@@ -221,7 +223,7 @@ func runMode(ctx context.Context, c config, mode string, keep bool) (res Result)
 	defer upLog.Close()
 	upCtx, cancel := context.WithTimeout(ctx, upTimeout)
 	err = lab.Up(upCtx, lab.Options{
-		Nodes: c.nodes, Routing: "hostgw", ProxyMode: mode, DualStack: c.dualStack,
+		Nodes: c.nodes, Zones: c.zones, Routing: "hostgw", ProxyMode: mode, DualStack: c.dualStack,
 		Dir: dir, BinDir: c.bin, APIPort: lab.APIServerPort, Out: io.MultiWriter(os.Stdout, upLog),
 	})
 	cancel()
