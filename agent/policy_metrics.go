@@ -32,7 +32,7 @@ func newPolicyMetrics(drops func() (in, out uint64, err error)) *policyMetrics {
 			Name: "weft_policy_sync_duration_seconds", Help: "Duration of a NetworkPolicy sync (compile, render, apply).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
-		isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_isolated_pods", Help: "Pods of this node isolated by some NetworkPolicy."}),
+		isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_isolated_pods", Help: "Pods of this node with policy rules: isolated by some NetworkPolicy, or selected by some ClusterNetworkPolicy."}),
 		sets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_ipsets", Help: "ipsets the node's policy rules use."}),
 		rejected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "weft_policy_rejected_policies", Help: "NetworkPolicies rejected as invalid (their pods fail closed)."}),
 		pendingSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{

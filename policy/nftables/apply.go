@@ -50,7 +50,7 @@ func New(ctx context.Context) (*Applier, error) {
 // Check asks the kernel, without changing anything, whether it accepts
 // both tables with every feature the rules use.
 func (a *Applier) Check(ctx context.Context) error {
-	rs := Render(checkState(), Config{NodeName: "check", LogDrops: true, PodPorts: "weft*", PodBridges: []string{"weft0"},
+	rs := Render(checkState(), Config{NodeName: "check", LogDrops: true, LogGroup: 1, PodPorts: "weft*", PodBridges: []string{"weft0"},
 		Sources: []Source{{Port: "weft0", Addrs: checkState().Pods[0].IPs}}})
 	for _, c := range []struct {
 		nft    knftables.Interface
@@ -61,7 +61,7 @@ func (a *Applier) Check(ctx context.Context) error {
 		(&tableApplier{nft: c.nft}).fresh(tx, c.t, &Stats{})
 		if err := c.nft.Check(ctx, tx); err != nil {
 			return fmt.Errorf("nftables policy: the kernel refused table %s %s (it needs nf_tables with the %s family, "+
-				"concatenated interval sets, verdict maps, fib, ct, limit and log): %w", c.family, TableName, c.family, err)
+				"concatenated interval sets, verdict maps, fib, ct, limit, log and nflog): %w", c.family, TableName, c.family, err)
 		}
 	}
 	return nil
