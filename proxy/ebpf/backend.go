@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -73,9 +72,6 @@ type Backend struct {
 	adopt bool
 	// failed: the last apply failed, the next one is full.
 	failed bool
-	// collectTimer deletes the backends a sync left unused once their
-	// grace is over (writer.collect).
-	collectTimer *time.Timer
 	// synced: a sync attached the programs (start).
 	synced bool
 	// For the metrics: programs attached again per hook, UDP sockets
@@ -198,33 +194,7 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		return fmt.Errorf("syncing ebpf maps: %w", err)
 	}
 	b.failed = false
-	if b.w.collectPending {
-		b.collectLater()
-	}
 	return b.terminateUDP()
-}
-
-// collectLater deletes, once their grace is over, the backends no
-// frontend names any more, unless a sync does first. b.mu is held.
-func (b *Backend) collectLater() {
-	if b.collectTimer != nil {
-		return
-	}
-	b.collectTimer = time.AfterFunc(backendGrace, func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		b.collectTimer = nil
-		if b.w == nil {
-			return // released
-		}
-		pending, err := b.w.collect(time.Now())
-		if err != nil {
-			b.cfg.Log.Warn("deleting unused eBPF backends", "err", err)
-		}
-		if pending {
-			b.collectLater()
-		}
-	})
 }
 
 // terminateUDP destroys the connected UDP sockets of backends the sync
@@ -457,10 +427,6 @@ func (b *Backend) Close() {
 // release closes the backend's programs, maps and links and stops the
 // pressure watch; what is pinned stays. b.mu is held.
 func (b *Backend) release() {
-	if b.collectTimer != nil {
-		b.collectTimer.Stop()
-		b.collectTimer = nil
-	}
 	for _, l := range b.links {
 		_ = l.Close()
 	}

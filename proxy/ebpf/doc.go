@@ -22,8 +22,7 @@
 // that every update is atomic for a reader (see bpf/lb.h): backends first,
 // then the inactive half of a frontend's slot space and its Maglev table,
 // then its master entry, which flips to the new half with the new count;
-// orphan backends go a second later (a program that read the old master
-// entry still finds them). The maps and the program links are pinned under
+// orphan backends go last. The maps and the program links are pinned under
 // a bpffs directory, so programs stay attached and the maps keep their
 // content across a restart; a new proxy reads the maps back and swaps its
 // programs into the pinned links.

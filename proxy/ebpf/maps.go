@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -54,12 +53,7 @@ type writer struct {
 	nextFront   uint32
 	orphans     []sockSvcKey    // slots without a master entry, found by load
 	refs        map[uint32]int  // active lists naming each backend
-	unused      map[uint32]bool // backends whose count fell to 0
-	// unusedSince is when collect first found each unused backend: it is
-	// deleted only backendGrace later (collect).
-	unusedSince map[uint32]time.Time
-	// collectPending: the last apply left unused backends to delete later.
-	collectPending bool
+	unused      map[uint32]bool // backends whose count fell to 0 this sync
 	// stale are the backends removed from UDP frontends of the socket
 	// programs whose connected sockets are still to be terminated.
 	stale []staleUDP
@@ -94,7 +88,7 @@ type writerMaps struct {
 func newWriter(m writerMaps) *writer {
 	return &writer{writerMaps: m, fronts: map[FrontendKey]*frontendState{},
 		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{},
-		refs: map[uint32]int{}, unused: map[uint32]bool{}, unusedSince: map[uint32]time.Time{}}
+		refs: map[uint32]int{}, unused: map[uint32]bool{}}
 }
 
 // load reads the maps back (after a restart).
@@ -216,11 +210,9 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 			}
 		}
 	}
-	pending, err := w.collect(time.Now())
-	if err != nil {
+	if err := w.collect(); err != nil {
 		errs = append(errs, err)
 	}
-	w.collectPending = pending
 	return errors.Join(errs...)
 }
 
@@ -603,28 +595,12 @@ func (w *writer) ref(old, new []uint32) {
 	}
 }
 
-// backendGrace is how long a backend no active list names stays in the
-// map: a program that read a master entry just before the writer flipped
-// it goes on to the slots and the backends of the old half, which must
-// still be there. A program run lasts microseconds; a second is plenty.
-const backendGrace = time.Second
-
-// collect deletes the backends no active list has used for backendGrace;
-// pending: some are still waiting (collect again later).
-func (w *writer) collect(now time.Time) (pending bool, err error) {
+// collect deletes the backends no active list uses any more.
+func (w *writer) collect() error {
 	var errs []error
 	for id := range w.unused {
 		if w.refs[id] > 0 {
 			delete(w.unused, id)
-			delete(w.unusedSince, id)
-			continue
-		}
-		since, ok := w.unusedSince[id]
-		if !ok {
-			w.unusedSince[id] = now
-		}
-		if !ok || now.Sub(since) < backendGrace {
-			pending = true
 			continue
 		}
 		ap := w.backendAddr[id]
@@ -633,12 +609,11 @@ func (w *writer) collect(now time.Time) (pending bool, err error) {
 			continue
 		}
 		delete(w.unused, id)
-		delete(w.unusedSince, id)
 		delete(w.backendAddr, id)
 		delete(w.backendID, ap)
 		w.Stats.BackendsRemoved++
 	}
-	return pending, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 func equalIDs(a, b []uint32) bool {
