@@ -3,6 +3,7 @@ package netpoltest
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,11 +36,12 @@ func ClusterEgress(action cnp.ClusterNetworkPolicyRuleAction, peers []cnp.Cluste
 	return cnp.ClusterNetworkPolicyEgressRule{Action: action, To: peers, Protocols: protos}
 }
 
-// ClusterPort is a protocol's destination port (0: every port).
+// ClusterPort is a protocol's destination port (0: every port, the range
+// 1-65535: the API wants a destination port).
 func ClusterPort(proto corev1.Protocol, port int32) cnp.ClusterNetworkPolicyProtocol {
-	var dp *cnp.Port
-	if port != 0 {
-		dp = &cnp.Port{Number: port}
+	dp := &cnp.Port{Number: port}
+	if port == 0 {
+		dp = &cnp.Port{Range: &cnp.PortRange{Start: 1, End: 65535}}
 	}
 	switch proto {
 	case corev1.ProtocolUDP:
@@ -101,7 +103,13 @@ func RandomCluster(r *rand.Rand, w *World) []*cnp.ClusterNetworkPolicy {
 			p.Spec.Ingress = append(p.Spec.Ingress, ClusterIngress(randomAction(r), randomClusterPeers(r, w, false), randomProtocols(r)...))
 		}
 		for range r.IntN(3) {
-			p.Spec.Egress = append(p.Spec.Egress, ClusterEgress(randomAction(r), randomClusterPeers(r, w, true), randomProtocols(r)...))
+			peers := randomClusterPeers(r, w, true)
+			protos := randomProtocols(r)
+			if slices.ContainsFunc(peers, func(p cnp.ClusterNetworkPolicyEgressPeer) bool { return len(p.Networks) > 0 }) {
+				// The API refuses named ports beside networks peers.
+				protos = slices.DeleteFunc(protos, func(p cnp.ClusterNetworkPolicyProtocol) bool { return p.DestinationNamedPort != "" })
+			}
+			p.Spec.Egress = append(p.Spec.Egress, ClusterEgress(randomAction(r), peers, protos...))
 		}
 		out = append(out, p)
 	}
