@@ -200,7 +200,14 @@ func installCRDs(ctx context.Context, st *State) error {
 	if _, err := Kubectl(ctx, st, "apply", "--server-side", "-f", dir); err != nil {
 		return err
 	}
-	_, err := Kubectl(ctx, st, "wait", "--for", "condition=Established", "--timeout", "60s", "-f", dir)
+	// kubectl wait fails at once while a new CRD has no status yet: ask
+	// again until it is established.
+	var err error
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if _, err = Kubectl(ctx, st, "wait", "--for", "condition=Established", "--timeout", "10s", "-f", dir); err == nil {
+			return nil
+		}
+	}
 	return err
 }
 
