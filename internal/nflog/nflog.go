@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,8 +35,13 @@ const (
 // transport headers.
 const copyRange = 128
 
-// Reader reads one nflog group.
-type Reader struct{ fd int }
+// Reader reads one nflog group. Its socket is in the runtime's poller, so
+// Close wakes a Read that waits.
+type Reader struct {
+	fd   int
+	file *os.File
+	conn syscall.RawConn
+}
 
 // Packet is one logged packet: the rule's prefix and the packet's head,
 // from its IP header on.
@@ -66,6 +73,18 @@ func Open(group uint16) (*Reader, error) {
 			return nil, fmt.Errorf("nflog group %d: %w", group, err)
 		}
 	}
+	// Configured (blocking, acknowledged); now read through the poller.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		r.Close()
+		return nil, err
+	}
+	r.file = os.NewFile(uintptr(fd), "nflog")
+	conn, err := r.file.SyscallConn()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	r.conn = conn
 	return r, nil
 }
 
@@ -111,12 +130,16 @@ func appendAttr(b []byte, typ uint16, data []byte) []byte {
 func (r *Reader) Read() ([]Packet, error) {
 	buf := make([]byte, 65536)
 	for {
-		n, _, err := unix.Recvfrom(r.fd, buf, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
+		var n int
+		var err error
+		if rerr := r.conn.Read(func(fd uintptr) bool {
+			n, _, err = unix.Recvfrom(int(fd), buf, 0)
+			return !errors.Is(err, unix.EAGAIN)
+		}); rerr != nil {
+			return nil, rerr // closed
 		}
-		if errors.Is(err, unix.ENOBUFS) {
-			continue // the kernel dropped some: read on
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.ENOBUFS) {
+			continue // ENOBUFS: the kernel dropped some; read on
 		}
 		if err != nil {
 			return nil, err
@@ -165,7 +188,12 @@ func parseAttrs(b []byte) Packet {
 }
 
 // Close stops the reader; a Read in progress fails.
-func (r *Reader) Close() error { return unix.Close(r.fd) }
+func (r *Reader) Close() error {
+	if r.file != nil {
+		return r.file.Close()
+	}
+	return unix.Close(r.fd)
+}
 
 // Flow is what a logged packet says of its connection.
 type Flow struct {

@@ -103,3 +103,29 @@ func TestParseFlow(t *testing.T) {
 		t.Error("a truncated packet parsed")
 	}
 }
+
+// TestCloseWakesRead: Close ends a Read that waits for packets.
+func TestCloseWakesRead(t *testing.T) {
+	if testing.Short() || !netnsutil.Isolated() {
+		t.Skip("kernel test: needs root (private network namespace), not -short")
+	}
+	r, err := Open(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Read()
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the Read block first
+	r.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Read returned no error after Close")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake the Read")
+	}
+}
