@@ -388,9 +388,6 @@ func (t tierRuleTemplate) forSubject(q *pod) (TierRule, bool) {
 // becomes one rule per port number and protocol, over the peer pods that
 // name that port so.
 func (c *compiler) tierEgressRules(t tierRuleTemplate, base string, peerPods []*pod) []TierRule {
-	if !t.matches {
-		return nil
-	}
 	if len(t.named) == 0 {
 		return []TierRule{t.rule}
 	}

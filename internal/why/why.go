@@ -131,8 +131,7 @@ func (e *Explainer) Explain(q Query) (Answer, error) {
 	if err != nil {
 		return a, err
 	}
-	d := e.d
-	a.Explanation = d.Explain(a.FromAddr, a.ToAddr, q.Protocol, q.Port)
+	a.Explanation = e.d.Explain(a.FromAddr, a.ToAddr, q.Protocol, q.Port)
 	deciding := map[string]bool{}
 	for _, x := range []*policy.Decision{a.Egress, a.Ingress} {
 		if x == nil {
@@ -143,9 +142,9 @@ func (e *Explainer) Explain(q Query) (Answer, error) {
 			deciding[p] = true
 		}
 	}
-	for _, e := range d.Errors {
-		if deciding[e.Policy] {
-			a.Errors = append(a.Errors, e)
+	for _, fe := range e.d.Errors {
+		if deciding[fe.Policy] {
+			a.Errors = append(a.Errors, fe)
 		}
 	}
 	return a, nil

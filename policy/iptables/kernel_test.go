@@ -2,11 +2,10 @@ package iptables_test
 
 import (
 	"context"
-	"math/rand/v2"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -148,26 +147,14 @@ func TestForceFullRepairsDrift(t *testing.T) {
 func TestRandomTiers(t *testing.T) {
 	b := newBed(t)
 	a4, a6 := polipt.Applier{}, polipt.Applier{Family: 6}
-	r := rand.New(rand.NewPCG(5, 8))
-	for i := range 40 {
-		var pols []*networkingv1.NetworkPolicy
-		if i%2 == 1 {
-			pols = nt.Random(r, b.World)
-		}
-		cluster := nt.RandomCluster(r, b.World)
-		d := policy.Compile(policy.Input{Pods: b.World.Pods, Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster})
+	b.RandomTiered(t, 40, func(d policy.Desired) error {
 		for _, a := range []*polipt.Applier{&a4, &a6} {
 			if _, err := a.Apply(polipt.Render(d, polipt.Config{NodeName: nodeName, LogDrops: true, Family: a.Family})); err != nil {
-				t.Fatalf("set %d: apply (IPv%d): %v", i, max(a.Family, 4), err)
+				return fmt.Errorf("IPv%d: %w", max(a.Family, 4), err)
 			}
 		}
-		want := oracle.Expect(oracle.World{Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster}, b.World.Pods, nt.Ports, nt.Protocols)
-		what := "random tiered set " + strconv.Itoa(i)
-		b.CheckMatrix(t, b.Targets, want, what+" (IPv4)")
-		if !nt.UsesIPBlock(pols) && !nt.UsesNetworks(cluster) {
-			b.CheckMatrix(t, b.Targets6, want, what+" (IPv6)")
-		}
-	}
+		return nil
+	})
 }
 
 // TestDropLogged: with a log group, a dropped connection attempt reaches

@@ -4,10 +4,15 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/weftnet/weft/policy"
+	"github.com/weftnet/weft/policy/oracle"
 )
 
 // ClusterPolicy returns a ClusterNetworkPolicy of tier and priority whose
@@ -174,4 +179,31 @@ func UsesNetworks(pols []*cnp.ClusterNetworkPolicy) bool {
 		}
 	}
 	return false
+}
+
+// RandomTiered holds n random sets of ClusterNetworkPolicies of both
+// tiers (every other one beside random NetworkPolicies) against the
+// oracle on the bed, over IPv4 and IPv6 (IPv4 only for sets with
+// ipBlocks or networks, which are IPv4 on the bed); apply programs each
+// compiled set, one after the other on the same appliers.
+func (b *Bed) RandomTiered(t testing.TB, n int, apply func(policy.Desired) error) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(5, 8))
+	for i := range n {
+		var pols []*networkingv1.NetworkPolicy
+		if i%2 == 1 {
+			pols = Random(r, b.World)
+		}
+		cluster := RandomCluster(r, b.World)
+		d := policy.Compile(policy.Input{Pods: b.World.Pods, Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster})
+		if err := apply(d); err != nil {
+			t.Fatalf("random tiered set %d: apply: %v", i, err)
+		}
+		want := oracle.Expect(oracle.World{Namespaces: b.World.Namespaces, Policies: pols, ClusterPolicies: cluster}, b.World.Pods, Ports, Protocols)
+		what := fmt.Sprintf("random tiered set %d", i)
+		b.CheckMatrix(t, b.Targets, want, what+" (IPv4)")
+		if !UsesIPBlock(pols) && !UsesNetworks(cluster) {
+			b.CheckMatrix(t, b.Targets6, want, what+" (IPv6)")
+		}
+	}
 }

@@ -147,59 +147,76 @@ type portSpan struct {
 }
 
 // boxes cuts port spans into disjoint (protocol, port range, address
-// ranges) boxes: the port axis of each protocol is split at every span's
-// ends, each piece gets the union of the peers of the spans covering it,
-// and neighbouring pieces with the same addresses are joined. An interval
-// set of (address, protocol, port) then holds the union exactly, without
-// overlapping elements.
-func boxes(spans []portSpan) []box {
-	byProto := map[string][]portSpan{}
+// ranges) boxes: each piece of a protocol's port axis gets the union of
+// the peers of the spans covering it. An interval set of (address,
+// protocol, port) then holds the union exactly, without overlapping
+// elements.
+func boxes(spans []portSpan) []box[[]addrRange] {
+	return cutPorts(spans, func(s portSpan) (string, int, int) { return s.proto, s.from, s.to },
+		func(covering []portSpan) []addrRange {
+			var blocks []peerBlock
+			for _, s := range covering {
+				blocks = append(blocks, s.peers...)
+			}
+			return ranges(blocks)
+		}, func(rs []addrRange) bool { return len(rs) == 0 }, slices.Equal)
+}
+
+// cutPorts splits the port axis of each protocol of spans at every span's
+// ends, gives each piece value(the spans covering it, in order), leaves
+// out the pieces whose value is empty, and joins neighbouring pieces with
+// equal values.
+func cutPorts[S, V any](spans []S, bounds func(S) (proto string, from, to int), value func([]S) V, empty func(V) bool, equal func(a, b V) bool) []box[V] {
+	byProto := map[string][]S{}
 	for _, s := range spans {
-		byProto[s.proto] = append(byProto[s.proto], s)
+		proto, _, _ := bounds(s)
+		byProto[proto] = append(byProto[proto], s)
 	}
-	var out []box
+	var out []box[V]
 	for _, proto := range sortedKeys(byProto) {
 		ss := byProto[proto]
 		var cuts []int // starts of pieces
 		for _, s := range ss {
-			cuts = append(cuts, s.from, s.to+1)
+			_, from, to := bounds(s)
+			cuts = append(cuts, from, to+1)
 		}
 		slices.Sort(cuts)
 		cuts = slices.Compact(cuts)
-		var prev *box
+		var prev *box[V]
 		for i := 0; i+1 < len(cuts); i++ {
 			from, to := cuts[i], cuts[i+1]-1
-			var blocks []peerBlock
+			var covering []S
 			for _, s := range ss {
-				if s.from <= from && to <= s.to {
-					blocks = append(blocks, s.peers...)
+				if _, sf, st := bounds(s); sf <= from && to <= st {
+					covering = append(covering, s)
 				}
 			}
-			rs := ranges(blocks)
-			if len(rs) == 0 {
+			v := value(covering)
+			if empty(v) {
 				prev = nil
 				continue
 			}
-			if prev != nil && prev.to+1 == from && slices.Equal(prev.addrs, rs) {
+			if prev != nil && prev.to+1 == from && equal(prev.v, v) {
 				prev.to = to
 				continue
 			}
-			out = append(out, box{proto: proto, from: from, to: to, addrs: rs})
+			out = append(out, box[V]{proto: proto, from: from, to: to, v: v})
 			prev = &out[len(out)-1]
 		}
 	}
 	return out
 }
 
-// box is a protocol, an inclusive port range and the address ranges
-// allowed on it.
-type box struct {
+// box is a protocol, an inclusive port range and what the spans covering
+// it give it (boxes: the address ranges allowed on it; tierBoxes: the
+// address ranges each verdict owns).
+type box[V any] struct {
 	proto    string
 	from, to int
-	addrs    []addrRange
+	v        V
 }
 
-func (b box) ports() string {
+func (b box[V]) ports() string {
 	if b.from == b.to {
 		return fmt.Sprint(b.from)
 	}
@@ -217,59 +234,14 @@ type tierSpan struct {
 	addrs    []addrRange
 }
 
-// tierBox is a protocol, an inclusive port range and, per verdict, the
-// address ranges whose first matching rule has that verdict.
-type tierBox struct {
-	proto     string
-	from, to  int
-	byVerdict map[string][]addrRange
-}
-
-func (b tierBox) ports() string { return box{from: b.from, to: b.to}.ports() }
-
 // tierBoxes cuts ordered spans into disjoint boxes where the first span
-// covering a point decides: the port axis of each protocol is split at
-// every span's ends, and in each piece every span takes the addresses no
-// earlier span took. Neighbouring pieces with the same claims are joined.
-// An interval set per verdict then holds its part exactly: the sets are
-// disjoint, so the order in which a chain looks them up does not matter.
-func tierBoxes(spans []tierSpan) []tierBox {
-	byProto := map[string][]tierSpan{}
-	for _, s := range spans {
-		byProto[s.proto] = append(byProto[s.proto], s)
-	}
-	var out []tierBox
-	for _, proto := range sortedKeys(byProto) {
-		ss := byProto[proto]
-		var cuts []int
-		for _, s := range ss {
-			cuts = append(cuts, s.from, s.to+1)
-		}
-		slices.Sort(cuts)
-		cuts = slices.Compact(cuts)
-		var prev *tierBox
-		for i := 0; i+1 < len(cuts); i++ {
-			from, to := cuts[i], cuts[i+1]-1
-			var covering []tierSpan
-			for _, s := range ss {
-				if s.from <= from && to <= s.to {
-					covering = append(covering, s)
-				}
-			}
-			claims := firstClaims(covering)
-			if len(claims) == 0 {
-				prev = nil
-				continue
-			}
-			if prev != nil && prev.to+1 == from && sameClaims(prev.byVerdict, claims) {
-				prev.to = to
-				continue
-			}
-			out = append(out, tierBox{proto: proto, from: from, to: to, byVerdict: claims})
-			prev = &out[len(out)-1]
-		}
-	}
-	return out
+// covering a point decides: in each piece of a protocol's port axis
+// every span takes the addresses no earlier span took. An interval set
+// per verdict then holds its part exactly: the sets are disjoint, so the
+// order in which a chain looks them up does not matter.
+func tierBoxes(spans []tierSpan) []box[map[string][]addrRange] {
+	return cutPorts(spans, func(s tierSpan) (string, int, int) { return s.proto, s.from, s.to }, firstClaims,
+		func(c map[string][]addrRange) bool { return len(c) == 0 }, sameClaims)
 }
 
 // firstClaims gives each span, in order, the addresses no earlier span

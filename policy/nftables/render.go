@@ -285,7 +285,7 @@ func renderGroup(name, peer, drop string, rules []policy.Rule, addrSets map[stri
 			}
 			s := Set{Name: name + "-ports" + fam, Type: typ + " . inet_proto . inet_service", Interval: true}
 			for _, b := range boxes(spans) {
-				for _, a := range b.addrs {
+				for _, a := range b.v {
 					s.Elements = append(s.Elements, Element{Key: []string{a.String(), b.proto, b.ports()}})
 				}
 			}

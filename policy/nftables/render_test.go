@@ -222,7 +222,7 @@ func TestBoxesDisjoint(t *testing.T) {
 	})
 	var lines []string
 	for _, b := range got {
-		for _, a := range b.addrs {
+		for _, a := range b.v {
 			lines = append(lines, a.String()+" . "+b.proto+" . "+b.ports())
 		}
 	}

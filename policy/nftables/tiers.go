@@ -102,7 +102,7 @@ func tierRules(prefix, peer, drop, pass string, rules []policy.TierRule, addrSet
 			if slices.ContainsFunc(spans, func(s tierSpan) bool { return s.verdict == string(a) }) {
 				s := Set{Name: fmt.Sprintf("%s-%s-ports%s", prefix, names[a], fam), Type: typ + " . inet_proto . inet_service", Interval: true}
 				for _, b := range boxes {
-					for _, r := range b.byVerdict[string(a)] {
+					for _, r := range b.v[string(a)] {
 						s.Elements = append(s.Elements, Element{Key: []string{r.String(), b.proto, b.ports()}})
 					}
 				}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cnpv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+	cnpclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/internal/why"
@@ -128,15 +129,22 @@ func (b *netpolBed) reconcile(t *testing.T, w *nt.World, pols []*networkingv1.Ne
 	}
 }
 
+// clusterClient is a ClusterNetworkPolicy client of the lab's admin.
+func (b *netpolBed) clusterClient(t *testing.T) cnpclient.Interface {
+	t.Helper()
+	cc, err := kube.NewClusterPolicyClient(lab.AdminKubeconfig(b.c.state.Dir), "weft-e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cc
+}
+
 // reconcileCluster makes the cluster's ClusterNetworkPolicies those of
 // pols.
 func (b *netpolBed) reconcileCluster(t *testing.T, pols []*cnpv1beta1.ClusterNetworkPolicy) {
 	t.Helper()
 	ctx := context.Background()
-	cc, err := kube.NewClusterPolicyClient(lab.AdminKubeconfig(b.c.state.Dir), "weft-e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := b.clusterClient(t)
 	api := cc.PolicyV1beta1().ClusterNetworkPolicies()
 	wanted := map[string]bool{}
 	for _, p := range pols {
@@ -183,10 +191,7 @@ func (b *netpolBed) expect(t *testing.T, w *nt.World, pols []*networkingv1.Netwo
 // has status and a message holding msg.
 func (b *netpolBed) conditionSays(t *testing.T, name string, status metav1.ConditionStatus, msg string) {
 	t.Helper()
-	cc, err := kube.NewClusterPolicyClient(lab.AdminKubeconfig(b.c.state.Dir), "weft-e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := b.clusterClient(t)
 	var cond *metav1.Condition
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		p, err := cc.PolicyV1beta1().ClusterNetworkPolicies().Get(context.Background(), name, metav1.GetOptions{})
@@ -205,10 +210,7 @@ func (b *netpolBed) conditionSays(t *testing.T, name string, status metav1.Condi
 // probes have just matched: every cell, the same verdict.
 func (b *netpolBed) whyAgrees(t *testing.T, w *nt.World, pols []*networkingv1.NetworkPolicy, what string, cluster ...*cnpv1beta1.ClusterNetworkPolicy) {
 	t.Helper()
-	cc, err := kube.NewClusterPolicyClient(lab.AdminKubeconfig(b.c.state.Dir), "weft-e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := b.clusterClient(t)
 	in, err := why.State(context.Background(), b.c.client, cc)
 	if err != nil {
 		t.Fatal(err)
