@@ -17,7 +17,7 @@ export WEFT_CNI_PATH := $(CNI_BIN)
 # know, and a static Go binary starts ~0.6 ms faster (no dynamic loader).
 export CGO_ENABLED := 0
 
-.PHONY: all deps build kube node e2e coredns lab lab-down test test-unit vm bench conformance lint clean generate bpf-check image
+.PHONY: all deps build kube node e2e npapi coredns lab lab-down test test-unit vm bench conformance conformance-policy lint clean generate bpf-check image
 
 all: build
 
@@ -72,6 +72,9 @@ node: build kube
 # The upstream e2e suite: bin/e2e.test and bin/ginkgo (hack/build-e2e.sh).
 e2e:
 	@bash hack/build-e2e.sh
+
+npapi:
+	@bash hack/build-npapi.sh
 
 # CoreDNS (hack/coredns/go.mod), the DNS benchmark's peer and agnhost's
 # /coredns; only rebuilt when missing or bumped. Only bench and conformance
@@ -161,6 +164,12 @@ bench: deps build kube image node coredns
 CONFORMANCE_FLAGS ?=
 conformance: deps build kube image coredns node e2e
 	$(GO) run ./test/conformance $(CONFORMANCE_FLAGS)
+
+# The network-policy-api conformance suite (ClusterNetworkPolicy) against a
+# lab per policy backend (iptables, nftables; docs/conformance.md): a
+# summary under bin/conformance-policy/.
+conformance-policy: deps build kube image node npapi
+	$(GO) run ./test/conformance -suite network-policy-api $(CONFORMANCE_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -1,13 +1,15 @@
-// Command conformance runs the upstream Kubernetes e2e suite's
-// [sig-network] specs against weft: for each service-proxy mode it brings
-// up a lab (whose nodes run the upstream kubelet, containerd and runc),
-// runs bin/ginkgo with bin/e2e.test from the lab's
-// external host, tears the lab down, and finally writes a summary of the
-// JUnit reports. See docs/conformance.md.
+// Command conformance runs an upstream suite against weft: the Kubernetes
+// e2e suite's [sig-network] specs (-suite e2e, the default), or the
+// network-policy-api conformance suite (-suite network-policy-api). For
+// each service-proxy mode it brings up a lab (whose nodes run the upstream
+// kubelet, containerd and runc), runs the suite from the lab's external
+// host (bin/ginkgo with bin/e2e.test, or bin/npapi-conformance.test),
+// tears the lab down, and finally writes a summary of the results. See
+// docs/conformance.md.
 //
-//	go run ./test/conformance [-modes iptables,nftables,ebpf] [-focus RE] [-skip RE]
-//	                          [-conformance-only] [-nodes 3] [-procs 2] [-timeout 3h]
-//	                          [-out bin/conformance] [-bin bin] [-dir DIR] [-keep]
+//	go run ./test/conformance [-suite e2e|network-policy-api] [-modes iptables,nftables,ebpf]
+//	                          [-focus RE] [-skip RE] [-conformance-only] [-nodes 3] [-procs 2]
+//	                          [-timeout 3h] [-out bin/conformance] [-bin bin] [-dir DIR] [-keep]
 //
 // The exit status is 0 only if every mode's lab came up and every selected
 // spec passed; the last line of the output is the verdict.
@@ -47,6 +49,7 @@ const labDirBase = "/var/lib/weft-lab-conformance"
 const upTimeout = 20 * time.Minute
 
 type config struct {
+	suite         string
 	modes         []string
 	focus, skip   string
 	nodes, procs  int
@@ -55,6 +58,8 @@ type config struct {
 	out, bin, dir string
 	keep          bool
 	dualStack     bool
+	// noSCTP: the lab's nodes have no SCTP (the policy suite's -no-sctp).
+	noSCTP bool
 }
 
 func main() {
@@ -70,15 +75,16 @@ func parseFlags(args []string) (config, error) {
 	if modes == "" {
 		modes = strings.Join(lab.ProxyModes, ",")
 	}
+	fs.StringVar(&c.suite, "suite", suiteE2E, "the suite: "+suiteE2E+" (Kubernetes [sig-network]) or "+suiteNPAPI+" (ClusterNetworkPolicy; default modes "+strings.Join(npapiModes, ",")+", one per policy backend)")
 	modeList := fs.String("modes", modes, "comma-separated service proxy modes, one lab each ($CONFORMANCE_MODES sets the default)")
-	fs.StringVar(&c.focus, "focus", defaultFocus, "ginkgo focus regexp")
-	fs.StringVar(&c.skip, "skip", defaultSkip(), "ginkgo skip regexp; the default leaves out what this lab cannot run (docs/conformance.md)")
+	fs.StringVar(&c.focus, "focus", defaultFocus, "ginkgo focus regexp (-suite "+suiteNPAPI+": go test's -run, default all)")
+	fs.StringVar(&c.skip, "skip", defaultSkip(), "ginkgo skip regexp; the default leaves out what this lab cannot run (docs/conformance.md) (-suite "+suiteNPAPI+": go test's -skip, default none)")
 	conformanceOnly := fs.Bool("conformance-only", false, "the CI selection: focus "+conformanceFocus+", skip "+conformanceSkip+" (an explicit -focus or -skip still wins)")
 	fs.IntVar(&c.nodes, "nodes", 3, "lab nodes")
 	fs.IntVar(&c.zones, "zones", 0, "spread the nodes over that many zones (0: each node its own); the Traffic Distribution specs want 3 zones of 2 nodes: -nodes 6 -zones 3")
 	fs.IntVar(&c.procs, "procs", 2, "parallel ginkgo processes")
 	fs.DurationVar(&c.timeout, "timeout", 3*time.Hour, "ginkgo's timeout for one mode's suite")
-	fs.StringVar(&c.out, "out", "bin/conformance", "results directory: <out>/<mode>/ (ginkgo.log, junit_01.xml, lab logs) and <out>/summary.md")
+	fs.StringVar(&c.out, "out", "bin/conformance", "results directory: <out>/<mode>/ (ginkgo.log, junit_01.xml or npapi.log, npapi.json; lab logs) and <out>/summary.md (-suite "+suiteNPAPI+": default bin/conformance-policy)")
 	fs.StringVar(&c.bin, "bin", "bin", "directory of e2e.test, ginkgo, kubectl and the lab's binaries")
 	fs.StringVar(&c.dir, "dir", "", "lab directory (default: a new directory under "+labDirBase+")")
 	fs.BoolVar(&c.keep, "keep", false, "leave the last mode's lab up")
@@ -89,9 +95,30 @@ func parseFlags(args []string) (config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch c.suite {
+	case suiteE2E:
+	case suiteNPAPI:
+		if *conformanceOnly {
+			return c, errors.New("-conformance-only: only for -suite " + suiteE2E)
+		}
+		if !set["focus"] {
+			c.focus = ""
+		}
+		if !set["skip"] {
+			c.skip = ""
+		}
+		if !set["modes"] && os.Getenv("CONFORMANCE_MODES") == "" {
+			*modeList = strings.Join(npapiModes, ",")
+		}
+		if !set["out"] {
+			c.out = "bin/conformance-policy"
+		}
+	default:
+		return c, fmt.Errorf("-suite: %q is neither %s nor %s", c.suite, suiteE2E, suiteNPAPI)
+	}
 	if *conformanceOnly {
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["focus"] {
 			c.focus = conformanceFocus
 		}
@@ -128,7 +155,7 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		return 2
 	}
-	if err := preflight(c); err != nil {
+	if err := preflight(&c); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		fmt.Println("FAIL: " + err.Error())
 		return 1
@@ -155,7 +182,12 @@ func run(args []string) int {
 		results = append(results, runMode(ctx, c, mode, c.keep && i == len(c.modes)-1))
 	}
 
-	sel := Selection{Focus: c.focus, Skip: c.skip, Nodes: c.nodes, Procs: c.procs, E2EVersion: e2eVersion(c.bin), ResultsDir: c.out}
+	sel := Selection{Suite: c.suite, Focus: c.focus, Skip: c.skip, Nodes: c.nodes, Procs: c.procs, ResultsDir: c.out, NoSCTP: c.noSCTP}
+	if c.suite == suiteE2E {
+		sel.Version = e2eVersion(c.bin, ".e2e-version")
+	} else {
+		sel.Version = e2eVersion(c.bin, ".npapi-version")
+	}
 	summary := Summary(sel, results)
 	if err := os.WriteFile(filepath.Join(c.out, "summary.md"), []byte(summary), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance: writing the summary:", err)
@@ -168,7 +200,7 @@ func run(args []string) int {
 }
 
 // preflight checks what the run needs before any lab is made.
-func preflight(c config) error {
+func preflight(c *config) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the lab needs root")
 	}
@@ -176,6 +208,12 @@ func preflight(c config) error {
 		if !slices.Contains(lab.ProxyModes, m) {
 			return fmt.Errorf("-modes: %q is not one of %v", m, lab.ProxyModes)
 		}
+	}
+	if c.suite == suiteNPAPI {
+		if err := npapiPreflight(c); err != nil {
+			return err
+		}
+		return os.MkdirAll(c.out, 0o755)
 	}
 	for _, b := range []string{"e2e.test", "ginkgo", "kubectl"} {
 		if _, err := os.Stat(filepath.Join(c.bin, b)); err != nil {
@@ -245,7 +283,21 @@ func runMode(ctx context.Context, c config, mode string, keep bool) (res Result)
 	}()
 
 	kubeconfig := lab.UnderlayKubeconfig(dir)
-	fmt.Printf("==> %s: ginkgo, log in %s\n", mode, filepath.Join(out, "ginkgo.log"))
+	var suiteRes Result
+	if c.suite == suiteNPAPI {
+		fmt.Printf("==> %s: %s, log in %s\n", mode, npapiTest, filepath.Join(out, "npapi.log"))
+		suiteRes = runNPAPI(ctx, c, mode, kubeconfig, out)
+	} else {
+		fmt.Printf("==> %s: ginkgo, log in %s\n", mode, filepath.Join(out, "ginkgo.log"))
+		suiteRes = runE2E(ctx, c, mode, kubeconfig, out)
+	}
+	res = suiteRes
+	res.Mode = mode
+	return res
+}
+
+// runE2E runs ginkgo with e2e.test and reads its JUnit report.
+func runE2E(ctx context.Context, c config, mode, kubeconfig, out string) (res Result) {
 	runErr := runGinkgo(ctx, c, mode, kubeconfig, out)
 
 	junit := filepath.Join(out, "junit_01.xml")
@@ -258,7 +310,6 @@ func runMode(ctx context.Context, c config, mode string, keep bool) (res Result)
 		res.Err = err
 		return res
 	}
-	parsed.Mode, parsed.Duration = res.Mode, res.Duration
 	res = parsed
 	switch {
 	case runErr != nil && len(res.FailedSpecs) == 0:
@@ -358,15 +409,16 @@ func copyLogs(from, to string) {
 	}
 }
 
-// e2eVersion reads the version hack/build-e2e.sh stamped ("k8s.io/kubernetes v1.36.3").
-func e2eVersion(bin string) string {
-	b, err := os.ReadFile(filepath.Join(bin, ".e2e-version"))
+// e2eVersion reads the version a build script stamped: the second field of
+// bin/.e2e-version ("k8s.io/kubernetes v1.36.3") or bin/.npapi-version.
+func e2eVersion(bin, stamp string) string {
+	b, err := os.ReadFile(filepath.Join(bin, stamp))
 	if err != nil {
 		return ""
 	}
 	f := strings.Fields(string(b))
-	if len(f) == 0 {
+	if len(f) < 2 {
 		return ""
 	}
-	return f[len(f)-1]
+	return f[1]
 }

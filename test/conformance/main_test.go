@@ -23,6 +23,9 @@ func TestFlags(t *testing.T) {
 		{"conformance only", []string{"-conformance-only"}, "", []string{"iptables", "nftables", "ebpf"}, conformanceFocus, conformanceSkip},
 		{"conformance only, own focus", []string{"-conformance-only", "-focus", "DNS"}, "", []string{"iptables", "nftables", "ebpf"}, "DNS", conformanceSkip},
 		{"one spec", []string{"-modes", "iptables", "-focus", "should provide DNS for the cluster", "-conformance-only=false"}, "", []string{"iptables"}, "should provide DNS for the cluster", defaultSkip()},
+		{"policy suite", []string{"-suite", "network-policy-api"}, "", npapiModes, "", ""},
+		{"policy suite, env modes", []string{"-suite", "network-policy-api"}, "ebpf", []string{"ebpf"}, "", ""},
+		{"policy suite, one test", []string{"-suite", "network-policy-api", "-focus", "CNPAdminTierPriorityField", "-modes", "nftables"}, "", []string{"nftables"}, "CNPAdminTierPriorityField", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("CONFORMANCE_MODES", tc.env)
@@ -37,6 +40,11 @@ func TestFlags(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"-modes", ","}); err == nil {
 		t.Error("-modes , accepted")
+	}
+	for _, bad := range [][]string{{"-suite", "cyclonus"}, {"-suite", "network-policy-api", "-conformance-only"}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }
 

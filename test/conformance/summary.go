@@ -26,6 +26,10 @@ type Result struct {
 	// ("[SynchronizedBeforeSuite]"), a state other than "failed" in
 	// parentheses ("(timedout)").
 	FailedSpecs []string
+	// SCTPStopped names the policy suite's tests, on nodes without SCTP,
+	// that an SCTP probe ended (ParseTestEvents): neither passed nor
+	// failed, and not counted in Run.
+	SCTPStopped []string
 	// Err is a failure outside the specs: the lab did not come up, ginkgo
 	// failed without a report, no spec was selected.
 	Err      error
@@ -125,10 +129,12 @@ func (r *Result) add(c junitCase) {
 
 // Selection describes what the run selected, for the summary's header.
 type Selection struct {
+	Suite        string // suiteE2E or suiteNPAPI
 	Focus, Skip  string
 	Nodes, Procs int
-	E2EVersion   string // e.g. "v1.36.3"; empty: not shown
-	ResultsDir   string // where each mode's ginkgo.log and JUnit report are
+	Version      string // the suite's, e.g. "v1.36.3"; empty: not shown
+	ResultsDir   string // where each mode's logs and reports are
+	NoSCTP       bool   // the policy suite ran with -no-sctp
 }
 
 // Summary renders the results as Markdown: the selection, one table row
@@ -136,24 +142,49 @@ type Selection struct {
 // line.
 func Summary(sel Selection, results []Result) string {
 	var b strings.Builder
-	b.WriteString("# Kubernetes e2e conformance on the weft lab\n\n")
-	if sel.E2EVersion != "" {
-		fmt.Fprintf(&b, "e2e.test %s, ", sel.E2EVersion)
+	npapi := sel.Suite == suiteNPAPI
+	if npapi {
+		b.WriteString("# network-policy-api conformance on the weft lab\n\n")
+		if sel.Version != "" {
+			fmt.Fprintf(&b, "sigs.k8s.io/network-policy-api %s, ", sel.Version)
+		}
+		fmt.Fprintf(&b, "%d upstream kubelet nodes.\n\n", sel.Nodes)
+		fmt.Fprintf(&b, "- run: `%s`\n- skip: `%s`\n", sel.Focus, sel.Skip)
+		if sel.NoSCTP {
+			b.WriteString("- -no-sctp: the nodes' kernel has no SCTP; the base pods have no SCTP servers, the SCTP-only tests are skipped, and a test an SCTP probe stops is listed apart\n")
+		}
+	} else {
+		b.WriteString("# Kubernetes e2e conformance on the weft lab\n\n")
+		if sel.Version != "" {
+			fmt.Fprintf(&b, "e2e.test %s, ", sel.Version)
+		}
+		fmt.Fprintf(&b, "%d upstream kubelet nodes, %d ginkgo processes.\n\n", sel.Nodes, sel.Procs)
+		fmt.Fprintf(&b, "- focus: `%s`\n- skip: `%s`\n", sel.Focus, sel.Skip)
 	}
-	fmt.Fprintf(&b, "%d upstream kubelet nodes, %d ginkgo processes.\n\n", sel.Nodes, sel.Procs)
-	fmt.Fprintf(&b, "- focus: `%s`\n- skip: `%s`\n", sel.Focus, sel.Skip)
 	if sel.ResultsDir != "" {
-		fmt.Fprintf(&b, "- logs and JUnit reports: `%s/<mode>/`\n", sel.ResultsDir)
+		fmt.Fprintf(&b, "- logs and reports: `%s/<mode>/`\n", sel.ResultsDir)
 	}
-	b.WriteString("\n| mode | run | passed | failed | skipped | [Conformance] passed | time |\n")
+	last, lastHead := "[Conformance] passed", func(r Result) string { return fmt.Sprintf("%d/%d", r.ConformancePassed, r.ConformanceRun) }
+	if npapi {
+		last, lastHead = "stopped by an SCTP probe", func(r Result) string { return fmt.Sprint(len(r.SCTPStopped)) }
+	}
+	fmt.Fprintf(&b, "\n| mode | run | passed | failed | skipped | %s | time |\n", last)
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range results {
 		if r.Err != nil && r.Run == 0 {
 			fmt.Fprintf(&b, "| %s | - | - | - | - | - | %s |\n", r.Mode, duration(r.Duration))
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d/%d | %s |\n", r.Mode, r.Run, r.Passed, r.Failed, r.Skipped,
-			r.ConformancePassed, r.ConformanceRun, duration(r.Duration))
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s | %s |\n", r.Mode, r.Run, r.Passed, r.Failed, r.Skipped,
+			lastHead(r), duration(r.Duration))
+	}
+	for _, r := range results {
+		if len(r.SCTPStopped) > 0 {
+			fmt.Fprintf(&b, "\n%s: stopped by an SCTP probe (%d):\n\n", r.Mode, len(r.SCTPStopped))
+			for _, s := range r.SCTPStopped {
+				fmt.Fprintf(&b, "- %s\n", s)
+			}
+		}
 	}
 	for _, r := range results {
 		if r.OK() {
@@ -182,9 +213,10 @@ func Verdict(results []Result) (line string, ok bool) {
 		return "FAIL: no mode ran", false
 	}
 	var fails []string
-	passed := 0
+	passed, stopped := 0, 0
 	for _, r := range results {
 		passed += r.Passed
+		stopped += len(r.SCTPStopped)
 		if r.OK() {
 			continue
 		}
@@ -206,7 +238,11 @@ func Verdict(results []Result) (line string, ok bool) {
 	for i, r := range results {
 		modes[i] = r.Mode
 	}
-	return fmt.Sprintf("PASS: %d specs passed in %d modes (%s)", passed, len(results), strings.Join(modes, ", ")), true
+	line = fmt.Sprintf("PASS: %d specs passed in %d modes (%s)", passed, len(results), strings.Join(modes, ", "))
+	if stopped > 0 {
+		line += fmt.Sprintf("; %d stopped by an SCTP probe (no SCTP on the nodes)", stopped)
+	}
+	return line, true
 }
 
 func duration(d time.Duration) string {

@@ -61,7 +61,7 @@ func TestSummary(t *testing.T) {
 	failed.Mode, failed.Duration = "iptables", 61*time.Minute+2*time.Second
 	passed := Result{Mode: "nftables", Run: 3, Passed: 3, ConformanceRun: 1, ConformancePassed: 1, Duration: time.Minute}
 	noLab := Result{Mode: "ebpf", Err: errors.New("lab up: kubelet did not register node2")}
-	sel := Selection{Focus: `\[sig-network\]`, Skip: `SCTP`, Nodes: 3, Procs: 2, E2EVersion: "v1.36.3", ResultsDir: "/r"}
+	sel := Selection{Focus: `\[sig-network\]`, Skip: `SCTP`, Nodes: 3, Procs: 2, Version: "v1.36.3", ResultsDir: "/r"}
 
 	got := Summary(sel, []Result{failed, passed, noLab})
 	for _, want := range []string{
@@ -99,5 +99,52 @@ func TestVerdict(t *testing.T) {
 	}
 	if _, pass := Verdict(nil); pass {
 		t.Error("Verdict(nil) passes")
+	}
+}
+
+func TestParseTestEvents(t *testing.T) {
+	f, err := os.Open("testdata/npapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got, err := ParseTestEvents(f, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Result{
+		// Not counted: TestConformance and CNPAdminTierGress (their
+		// subtests failed), CNPBaselineTierIngressTCP (its subtest is
+		// counted), the SCTP-stopped subtest.
+		Run: 5, Passed: 1, Failed: 3, Skipped: 1,
+		FailedSpecs: []string{
+			// A TCP probe's recheck failed before the SCTP probe.
+			"TestConformance/CNPAdminTierGress/deny",
+			// A test without subtests, failed by an API call after
+			// an SCTP probe's failed attempt.
+			"TestConformance/CNPAdminTierPriorityField",
+			"TestConformance/CNPBaselineTierIngressTCP/deny (did not end)",
+		},
+		// A TCP probe's failed attempt, then the SCTP probe's failure.
+		SCTPStopped: []string{"TestConformance/CNPAdminTierGress/allow"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseTestEvents:\n got %+v\nwant %+v", got, want)
+	}
+
+	// With SCTP on the nodes an SCTP probe's failure is a failure.
+	if _, err := f.Seek(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	got, err = ParseTestEvents(f, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run != 6 || got.Failed != 4 || len(got.SCTPStopped) != 0 {
+		t.Errorf("without -no-sctp: %+v", got)
+	}
+
+	if _, err := ParseTestEvents(strings.NewReader("FAIL\n"), true); err == nil {
+		t.Error("a stream without tests parsed")
 	}
 }
