@@ -47,10 +47,12 @@ type Config struct {
 	// pinned maps and links (default ebpf.DefaultPinPath).
 	CgroupRoot, BPFPinPath string
 	// eBPF mode: the uplinks the per-packet programs run on (default: the
-	// links holding NodePortIPs), and the size of their conntrack maps (0:
-	// from the node's memory).
+	// links holding NodePortIPs), the size of their conntrack maps, and
+	// that of the services map, from which the other maps of Services and
+	// endpoints get theirs (0: each from the node's memory).
 	BPFDevices []string
 	BPFCTMax   int
+	BPFLBMax   int
 	// Userspace mode: its own settings (Listen set: rootless); the node's
 	// (names, addresses, families, cluster CIDRs, iptables variant, log)
 	// come from the fields above.
@@ -297,7 +299,7 @@ func newEBPF(c Config) (*ebpf.Backend, error) {
 	}
 	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin,
 		Devices: c.BPFDevices, Families: c.Families(), MasqueradeBit: c.MasqueradeBit, IPTablesVariant: c.IPTablesVariant,
-		CTMax: c.BPFCTMax, Log: c.Log})
+		CTMax: c.BPFCTMax, LBMax: c.BPFLBMax, Log: c.Log})
 }
 
 // ebpfFlows are the TCP connections the eBPF backend translated to gone

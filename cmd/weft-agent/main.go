@@ -86,6 +86,7 @@ func main() {
 	flag.StringVar(&px.bpfPinPath, "bpf-pin-path", "", "ebpf proxy mode: bpffs directory of weft's pinned maps and links (default /sys/fs/bpf/weft)")
 	flag.Var(&px.bpfDevices, "bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
 	flag.IntVar(&px.bpfCTMax, "bpf-ct-max", 0, "ebpf proxy mode: entries of each conntrack map of the traffic from outside (0: a quarter percent of the node's memory, at least 65536)")
+	flag.IntVar(&px.bpfLBMax, "bpf-lb-map-max", 0, "ebpf proxy mode: entries of the services map (frontends and their backend slots); the backends, affinity members and source ranges maps get half of it, the Maglev map a 64th (0: one per 4 KiB of the node's memory, 524288 to 4194304); a sync whose Services do not fit fails and writes nothing")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
@@ -125,6 +126,7 @@ type proxyFlags struct {
 	bpfPinPath    string
 	bpfDevices    cliflag.Names
 	bpfCTMax      int
+	bpfLBMax      int
 	ipvsScheduler string
 }
 
@@ -133,7 +135,7 @@ func (f proxyFlags) config(node, zone string, cidrs []netip.Prefix, log *slog.Lo
 	return proxy.Config{Mode: f.mode, NodeName: node, Zone: zone, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
-		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, IPVSScheduler: f.ipvsScheduler}
+		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, BPFLBMax: f.bpfLBMax, IPVSScheduler: f.ipvsScheduler}
 }
 
 // nodeZone is the node's topology.kubernetes.io/zone label, which the

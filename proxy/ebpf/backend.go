@@ -66,6 +66,10 @@ type Backend struct {
 	// stopWatch ends the conntrack maps' pressure watch (started with the
 	// programs).
 	stopWatch chan struct{}
+	// fresh: the maps the writer fills are new (none were pinned, or
+	// those pinned could not be reused: lbmaps.go), not pinned yet; the
+	// first sync fills them before it attaches the programs.
+	fresh bool
 	// adopt: the per-packet programs did not run before this backend
 	// loaded them (no pinned conntrack map, or the mode was retired), so
 	// the first sync adopts the connections the kernel translates.
@@ -79,6 +83,8 @@ type Backend struct {
 	reattached map[string]int
 	terminated int
 	lru        lruCounts
+	// lbWarned: the maps the writer fills reported nearly full.
+	lbWarned map[string]bool
 }
 
 // New checks that the kernel and the configured paths support the
@@ -91,6 +97,12 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.CTMax < MinCTMax || cfg.CTMax > MaxCTMax {
 		return nil, fmt.Errorf("--bpf-ct-max: %d entries is outside %d..%d", cfg.CTMax, MinCTMax, MaxCTMax)
 	}
+	if cfg.LBMax == 0 {
+		cfg.LBMax = LBMaxFor(memTotal())
+	}
+	if cfg.LBMax < MinLBMax || cfg.LBMax > MaxLBMax {
+		return nil, fmt.Errorf("--bpf-lb-map-max: %d entries is outside %d..%d", cfg.LBMax, MinLBMax, MaxLBMax)
+	}
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
@@ -101,7 +113,7 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Log = slog.Default()
 	}
 	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant},
-		reattached: map[string]int{}}, nil
+		reattached: map[string]int{}, lbWarned: map[string]bool{}}, nil
 }
 
 // Probe returns an error naming the first thing the backend needs that
@@ -155,12 +167,32 @@ func isFS(path string, magic int64) error {
 
 // Sync makes the maps hold st's frontends; the first sync loads the
 // programs (reusing pinned maps and links: a restart reads the maps back
-// and swaps its programs into the links) and rewrites everything.
+// and swaps its programs into the links) and rewrites everything. Maps
+// new to the node are filled before the programs that read them are
+// attached (lbmaps.go). A state that does not fit the maps is refused
+// whole (a CapacityError): nothing is written, the previous state stays.
 func (b *Backend) Sync(st model.State, full bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	first := !b.synced
+	applied := false
+	var applyErr error
 	if first {
+		if err := b.prepare(); err != nil {
+			return fmt.Errorf("starting the ebpf backend: %w", err)
+		}
+		if b.fresh {
+			want, dirty := b.r.Update(st)
+			applyErr = b.w.apply(want, dirty, true)
+			b.warnLB()
+			if errors.As(applyErr, new(*CapacityError)) {
+				// The programs of an earlier proxy, if any, go on
+				// serving from the maps it pinned.
+				b.failed = true
+				return fmt.Errorf("syncing ebpf maps: %w", applyErr)
+			}
+			applied = true
+		}
 		if err := b.start(); err != nil {
 			return fmt.Errorf("starting the ebpf backend: %w", err)
 		}
@@ -185,13 +217,23 @@ func (b *Backend) Sync(st model.State, full bool) error {
 			return fmt.Errorf("removing per-packet programs from devices that no longer run one: %w", err)
 		}
 	}
-	// After a failed apply the renderer has moved on while some frontends
-	// were not written: compare everything until an apply succeeds.
-	full = full || b.failed
-	want, dirty := b.r.Update(st)
-	if err := b.w.apply(want, dirty, full); err != nil {
+	if b.fresh {
+		if err := b.pinLB(); err != nil {
+			return fmt.Errorf("pinning the new service maps: %w", err)
+		}
+	}
+	if !applied {
+		// After a failed apply the renderer has moved on while some
+		// frontends were not written: compare everything until an apply
+		// succeeds.
+		full = full || b.failed
+		want, dirty := b.r.Update(st)
+		applyErr = b.w.apply(want, dirty, full)
+		b.warnLB()
+	}
+	if applyErr != nil {
 		b.failed = true
-		return fmt.Errorf("syncing ebpf maps: %w", err)
+		return fmt.Errorf("syncing ebpf maps: %w", applyErr)
 	}
 	b.failed = false
 	return b.terminateUDP()
@@ -302,9 +344,29 @@ func (b *Backend) prepare() error {
 			return fmt.Errorf("finding the uplinks (--bpf-devices): %w", err)
 		}
 	}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: b.cfg.PinPath}}
+	sockSpec, err := loadSock()
+	if err != nil {
+		return err
+	}
+	npSpec, err := loadNodeport()
+	if err != nil {
+		return err
+	}
+	caps := LBCapacities(b.cfg.LBMax)
+	sizeLB(sockSpec, caps)
+	sizeLB(npSpec, caps)
+	lb, fresh, err := openLBMaps(b.cfg.PinPath, npSpec.Maps)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, m := range lb {
+			_ = m.Close() // the programs' collections hold their own
+		}
+	}()
+	pinned := ebpf.MapOptions{PinPath: b.cfg.PinPath}
 	var objs sockObjects
-	if err := loadSockObjects(&objs, opts); err != nil {
+	if err := sockSpec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: pinned, MapReplacements: replacementsIn(sockSpec, lb)}); err != nil {
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
 	var np nodeportObjects
@@ -324,10 +386,10 @@ func (b *Backend) prepare() error {
 		_ = objs.Close()
 		_ = np.Close()
 	}()
-	_, pinned := os.Stat(filepath.Join(b.cfg.PinPath, "weft_ct"))
+	_, ctPinned := os.Stat(filepath.Join(b.cfg.PinPath, "weft_ct"))
 	_, retired := os.Stat(filepath.Join(b.cfg.PinPath, retiredMarker))
-	adopt := pinned != nil || retired == nil
-	if err := loadPerPacket(&np, opts, b.cfg.masqMark(), b.cfg.CTMax); err != nil {
+	adopt := ctPinned != nil || retired == nil
+	if err := loadPerPacket(&np, npSpec, &ebpf.CollectionOptions{Maps: pinned, MapReplacements: lb}, b.cfg.masqMark(), b.cfg.CTMax); err != nil {
 		return fmt.Errorf("loading the per-packet programs: %w", err)
 	}
 	// Without bpf_sock_destroy (Linux < 6.5) the socket programs still
@@ -343,6 +405,7 @@ func (b *Backend) prepare() error {
 	}
 	w := newWriter(writerMaps{services: objs.WeftServices, backends: objs.WeftBackends, members: objs.WeftAffinityMembers,
 		ranges: np.WeftSrcRanges, maglev: np.WeftMaglev})
+	w.lbMax = b.cfg.LBMax
 	if err := w.load(); err != nil {
 		return err
 	}
@@ -350,19 +413,15 @@ func (b *Backend) prepare() error {
 		return err
 	}
 	loaded = true
-	b.objs, b.np, b.w, b.uplinks, b.udp, b.tcp, b.adopt = &objs, &np, w, uplinks, udp, tcp, adopt
+	b.objs, b.np, b.w, b.uplinks, b.udp, b.tcp, b.adopt, b.fresh = &objs, &np, w, uplinks, udp, tcp, adopt, fresh
 	return nil
 }
 
-// loadPerPacket loads the per-packet programs, which mark the traffic to
-// masquerade with mark, with conntrack maps of ctMax entries each.
-// Conntrack maps pinned by a version of weft whose entries differ, or of
-// another size, are removed first (their flows are lost, once).
-func loadPerPacket(np *nodeportObjects, opts *ebpf.CollectionOptions, mark uint32, ctMax int) error {
-	spec, err := loadNodeport()
-	if err != nil {
-		return err
-	}
+// loadPerPacket loads the per-packet programs of spec, which mark the
+// traffic to masquerade with mark, with conntrack maps of ctMax entries
+// each. Conntrack maps pinned by a version of weft whose entries differ,
+// or of another size, are removed first (their flows are lost, once).
+func loadPerPacket(np *nodeportObjects, spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, mark uint32, ctMax int) error {
 	if err := spec.Variables["masq_mark"].Set(mark); err != nil {
 		return fmt.Errorf("setting masq_mark: %w", err)
 	}

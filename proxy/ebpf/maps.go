@@ -61,6 +61,10 @@ type writer struct {
 	Stats Stats
 	// tally counts what the frontends keep in the maps (metrics).
 	tally tally
+	// needed: what the last apply needed in each map (capacity.go), and
+	// lbMax the --bpf-lb-map-max the maps were sized from (0: unknown).
+	needed map[string]int
+	lbMax  int
 }
 
 // Stats count the map writes of one sync.
@@ -174,7 +178,10 @@ func (w *writer) dropOrphans() error {
 
 // apply makes the maps hold want for the keys in dirty (want is complete;
 // dirty names the frontends that may differ from what was written); with
-// full it compares and rewrites every frontend.
+// full it compares and rewrites every frontend. It first counts what that
+// needs in each map and, if a map cannot hold it, writes nothing and
+// returns the CapacityErrors (capacity.go). Removed frontends go first,
+// with the backends they leave unused.
 func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool, full bool) error {
 	w.Stats = Stats{}
 	var keys []FrontendKey
@@ -193,9 +200,29 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
+	p := w.plan(want, keys, full)
+	w.needed = p.need
+	if err := w.fits(p.need); err != nil {
+		return err
+	}
+	// Removals first, then the backends they leave unused: what they
+	// free makes room for what the others add.
+	var errs []error
+	for _, k := range keys {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		if cur := w.fronts[k]; cur != nil {
+			if err := w.remove(k, cur); err != nil {
+				errs = append(errs, fmt.Errorf("removing frontend %s: %w", k, err))
+			}
+		}
+	}
+	if err := w.collect(p.freed); err != nil {
+		errs = append(errs, err)
+	}
 	w.addBackends(want, keys)
 	added := w.addFrontends(want, keys)
-	var errs []error
 	for _, k := range keys {
 		if added[k] {
 			continue
@@ -204,13 +231,9 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 			if err := w.write(k, f, full); err != nil {
 				errs = append(errs, fmt.Errorf("service port %s, frontend %s: %w", f.Service, k, err))
 			}
-		} else if cur := w.fronts[k]; cur != nil {
-			if err := w.remove(k, cur); err != nil {
-				errs = append(errs, fmt.Errorf("removing frontend %s: %w", k, err))
-			}
 		}
 	}
-	if err := w.collect(); err != nil {
+	if err := w.collect(w.unused); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -595,10 +618,10 @@ func (w *writer) ref(old, new []uint32) {
 	}
 }
 
-// collect deletes the backends no active list uses any more.
-func (w *writer) collect() error {
+// collect deletes the backends of ids that no active list uses any more.
+func (w *writer) collect(ids map[uint32]bool) error {
 	var errs []error
-	for id := range w.unused {
+	for id := range ids {
 		if w.refs[id] > 0 {
 			delete(w.unused, id)
 			continue

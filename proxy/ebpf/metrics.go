@@ -17,6 +17,11 @@ import (
 //     what the writer wrote; the LRU maps the programs fill (revnat,
 //     affinity, conntrack) by reading them, at most every lruCountEvery;
 //     an LRU map at its maximum evicts its least recently used entries.
+//   - weft_ebpf_map_entries_needed per map the writer fills: what the
+//     last sync needed there (at most, while it wrote: capacity.go). Above
+//     weft_ebpf_map_max_entries, that sync was refused and wrote nothing
+//     (the sync error counter counts it, weft-proxy's /healthz fails): raise
+//     --bpf-lb-map-max.
 //   - weft_ebpf_program_attached per hook (a cgroup hook, or
 //     "tc:<device>:<side>"): 1 while weft's program is there, 0 once it is
 //     found detached; the next sync attaches it again and counts it in
@@ -35,6 +40,8 @@ var (
 		"Entries in a map of the eBPF service proxy", []string{"map"}, nil)
 	descMaxEntries = prometheus.NewDesc("weft_ebpf_map_max_entries",
 		"Maximum entries of a map of the eBPF service proxy", []string{"map"}, nil)
+	descNeeded = prometheus.NewDesc("weft_ebpf_map_entries_needed",
+		"Entries the last sync needed in a map of the eBPF service proxy (above its maximum, the sync was refused: raise --bpf-lb-map-max)", []string{"map"}, nil)
 	descAttached = prometheus.NewDesc("weft_ebpf_program_attached",
 		"1 if weft's program is attached to the hook, 0 if it was found detached (the next sync attaches it again)", []string{"hook"}, nil)
 	descReattached = prometheus.NewDesc("weft_ebpf_program_reattached_total",
@@ -58,7 +65,7 @@ type lruCount struct {
 
 // Describe implements prometheus.Collector.
 func (b *Backend) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures} {
+	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descNeeded, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures} {
 		ch <- d
 	}
 }
@@ -97,6 +104,9 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 		gauge(descAttached, boolValue(ok), hook)
 	}
 	written := b.w.entries()
+	for name, n := range b.w.needed {
+		gauge(descNeeded, float64(n), name)
+	}
 	for name, m := range b.maps() {
 		gauge(descMaxEntries, float64(m.MaxEntries()), name)
 		if n, ok := written[name]; ok {

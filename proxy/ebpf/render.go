@@ -40,6 +40,10 @@ type Config struct {
 	// (weft_ct and weft_nat_rev, entries each); 0 sizes them from the
 	// node's memory (CTMaxFor).
 	CTMax int
+	// LBMax is the capacity of the services map (--bpf-lb-map-max), from
+	// which the other maps the writer fills get theirs (LBCapacities); 0
+	// sizes it from the node's memory (LBMaxFor).
+	LBMax int
 	// Log gets the warnings of map pressure (nil: slog.Default()).
 	Log *slog.Logger
 }

@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"bufio"
+	"fmt"
 	"math/bits"
 	"os"
 	"strconv"
@@ -40,6 +41,98 @@ func CTMaxFor(mem uint64) int {
 	return 1 << (bits.Len64(n) - 1)
 }
 
+// The maps the writer fills grow with the Services and endpoints
+// (bpf/lb.h, bpf/nodeport.c): weft_services holds, per frontend, its
+// master entry and the slots of both halves of its slot space (a frontend
+// rewritten keeps its previous list in the other half until its next
+// rewrite, so 1+2n entries for n backends once it has been rewritten, as
+// every frontend is by the full sync after a restart); weft_backends one
+// entry per endpoint address and port; weft_affinity_members one per
+// backend of a frontend with ClientIP affinity; weft_src_ranges one per
+// loadBalancerSourceRange of an external frontend; weft_maglev one table
+// per external frontend with backends. The hash maps and the trie are
+// allocated per entry (BPF_F_NO_PREALLOC): an entry costs about 110
+// bytes of kernel memory once written; the hash maps' buckets cost 16
+// bytes per entry of capacity from the start. One number sets their
+// capacities, --bpf-lb-map-max, the services map's: the backends, affinity
+// members and source ranges maps get half of it, the Maglev map a 64th
+// (at least 65,536 both of the last two; the Maglev map is preallocated,
+// and each of its tables costs 8 KiB and more). By default it is one entry
+// per 4 KiB of the node's memory, a power of two from 524,288 (the fixed
+// size of earlier versions) to 4,194,304: the buckets of the three hash
+// maps (32 bytes per unit) take under 1 % of the memory (128 MiB at
+// most), and from 16 GiB on, 100,000 Services of 10
+// endpoints each fit (2.1 million entries in the services map once every
+// frontend has been rewritten, 1 million backends). A larger cluster
+// raises --bpf-lb-map-max. A sync whose state does not fit writes nothing
+// and fails, naming the map (CapacityError).
+const (
+	MinLBMax     = 1 << 10
+	MaxLBMax     = 1 << 26
+	defaultLBMin = 1 << 19
+	defaultLBMax = 1 << 22
+)
+
+// LBMaxFor is the services map's capacity (--bpf-lb-map-max) for a node
+// of mem bytes.
+func LBMaxFor(mem uint64) int {
+	n := mem >> 12
+	if n < defaultLBMin {
+		return defaultLBMin
+	}
+	if n > defaultLBMax {
+		return defaultLBMax
+	}
+	return 1 << (bits.Len64(n) - 1)
+}
+
+// lbMapNames are the maps the writer fills, whose capacities
+// --bpf-lb-map-max sets (in the order their pins are replaced: see
+// pinLB).
+var lbMapNames = []string{"weft_backends", "weft_affinity_members", "weft_src_ranges", "weft_maglev", "weft_services"}
+
+// lbShare is the part of --bpf-lb-map-max a map gets: n/div, at least
+// floor.
+type lbShare struct {
+	div, floor int
+	what       string
+}
+
+var lbShares = map[string]lbShare{
+	"weft_services":         {1, 0, "all"},
+	"weft_backends":         {2, 0, "half"},
+	"weft_affinity_members": {2, 0, "half"},
+	"weft_src_ranges":       {2, 1 << 16, "half, at least 65536,"},
+	"weft_maglev":           {64, 1 << 16, "a 64th, at least 65536,"},
+}
+
+// LBCapacities are the capacities of the maps the writer fills for
+// --bpf-lb-map-max n, by map name.
+func LBCapacities(n int) map[string]int {
+	out := make(map[string]int, len(lbShares))
+	for name, s := range lbShares {
+		out[name] = max(n/s.div, s.floor)
+	}
+	return out
+}
+
+// CapacityError is a sync refused because its state does not fit a map
+// the writer fills: nothing was written, the maps keep the previous
+// state. LBMax is --bpf-lb-map-max (0: not known, a writer of tests).
+type CapacityError struct {
+	Map              string
+	Needed, Capacity int
+	LBMax            int
+}
+
+func (e *CapacityError) Error() string {
+	s := fmt.Sprintf("map %s needs %d entries for this state and holds at most %d", e.Map, e.Needed, e.Capacity)
+	if sh, ok := lbShares[e.Map]; ok && e.LBMax > 0 {
+		s += fmt.Sprintf(" (%s of --bpf-lb-map-max %d)", sh.what, e.LBMax)
+	}
+	return s + ": raise --bpf-lb-map-max"
+}
+
 // memTotal is the node's memory in bytes (/proc/meminfo's MemTotal), 0
 // when unknown.
 func memTotal() uint64 {
@@ -64,8 +157,8 @@ func memTotal() uint64 {
 // pressure warning (and the metrics, which reuse the count).
 const pressureEvery = lruCountEvery
 
-// pressureWarn is the fill ratio from which a conntrack map is reported
-// full soon.
+// pressureWarn is the fill ratio from which a conntrack map, or a map the
+// writer fills, is reported full soon.
 const pressureWarn = 0.9
 
 // watchPressure counts the conntrack maps every pressureEvery until stop

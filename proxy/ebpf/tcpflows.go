@@ -56,12 +56,27 @@ func (f *tcpFlowFinder) close() {
 // 16-byte addresses, three ports and padding.
 const tcpFlowSize = 56
 
+// maxGone is the most backends one iterator run looks for (the size of
+// weft_tcp_gone).
+const maxGone = 1 << 16
+
 // find returns the open connections weft's socket programs translated to
-// one of backends (at most 65536 at a time, the size of weft_tcp_gone).
+// one of backends, maxGone backends per iterator run.
 func (f *tcpFlowFinder) find(backends []netip.AddrPort) ([]Flow, error) {
-	if len(backends) > 1<<16 {
-		backends = backends[:1<<16]
+	var out []Flow
+	for len(backends) > 0 {
+		chunk := backends[:min(len(backends), maxGone)]
+		backends = backends[len(chunk):]
+		flows, err := f.findChunk(chunk)
+		out = append(out, flows...)
+		if err != nil {
+			return out, err
+		}
 	}
+	return out, nil
+}
+
+func (f *tcpFlowFinder) findChunk(backends []netip.AddrPort) ([]Flow, error) {
 	keys := make([]tcpflowsTcpGoneKey, len(backends))
 	vals := make([]uint8, len(backends))
 	for i, b := range backends {
