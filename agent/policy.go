@@ -201,6 +201,10 @@ func (c *PolicyController) OnPolicySynced() {
 	c.poke()
 }
 
+// SyncSoon asks for a sync now (this agent became the writer of the
+// ClusterNetworkPolicies' status: the sync writes what is due).
+func (c *PolicyController) SyncSoon() { c.poke() }
+
 func (c *PolicyController) poke() {
 	select {
 	case c.trigger <- struct{}{}:

@@ -22,13 +22,21 @@ const ClusterPolicyCondition = "weft.dev/Enforced"
 const maxConditionMessage = 4096
 
 // ClusterPolicyStatus writes ClusterPolicyCondition.
-type ClusterPolicyStatus struct{ Client cnpclient.Interface }
+type ClusterPolicyStatus struct {
+	Client cnpclient.Interface
+	// Leading, when set, says whether this agent is the one that writes
+	// (StatusLeader); while it is not, Report writes nothing.
+	Leading func() bool
+}
 
 // Report sets p's condition for problems (none: enforced as written)
-// unless it already says so. done is false when the write lost a race
-// with another writer (every node's agent reports the same): the caller
-// tries again with the newer object.
+// unless it already says so. done is false when this agent is not the
+// writer now, or when the write lost a race with another writer: the
+// caller tries again later, with the newer object.
 func (s ClusterPolicyStatus) Report(ctx context.Context, p *cnpv1beta1.ClusterNetworkPolicy, problems []string) (done bool, err error) {
+	if s.Leading != nil && !s.Leading() {
+		return false, nil
+	}
 	want := metav1.Condition{Type: ClusterPolicyCondition, Status: metav1.ConditionTrue, Reason: "Enforced",
 		Message: "enforced as written", ObservedGeneration: p.Generation}
 	if len(problems) > 0 {

@@ -44,3 +44,19 @@ func TestClusterPolicyStatus(t *testing.T) {
 		t.Fatalf("condition %+v", cond)
 	}
 }
+
+// TestClusterPolicyStatusNotLeading: an agent that does not hold the
+// lease writes nothing and is told to try again.
+func TestClusterPolicyStatusNotLeading(t *testing.T) {
+	p := &cnpv1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p", Generation: 1}}
+	c := cnpfake.NewSimpleClientset(p)
+	leading := false
+	s := ClusterPolicyStatus{Client: c, Leading: func() bool { return leading }}
+	if done, err := s.Report(context.Background(), p, nil); done || err != nil || len(c.Actions()) != 0 {
+		t.Fatalf("not leading: done %v, err %v, %d API calls", done, err, len(c.Actions()))
+	}
+	leading = true
+	if done, err := s.Report(context.Background(), p, nil); !done || err != nil || len(c.Actions()) != 1 {
+		t.Fatalf("leading: done %v, err %v, %d API calls", done, err, len(c.Actions()))
+	}
+}

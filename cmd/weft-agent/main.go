@@ -51,6 +51,7 @@ type agentFlags struct {
 	nodeBandwidth                                                     int64
 	rack, tor                                                         string
 	bgpConfig                                                         string
+	statusLease                                                       string
 	bgpPort                                                           int
 }
 
@@ -59,6 +60,7 @@ func main() {
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster config)")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw, vxlan, or bgp (an embedded BGP speaker: docs/bgp.md)")
+	flag.StringVar(&f.statusLease, "cluster-policy-status-lease", "weft-system/weft-cluster-policy-status", "namespace/name of the Lease that elects the one agent writing the ClusterNetworkPolicies' status condition (empty: every agent writes)")
 	flag.StringVar(&f.bgpConfig, "bgp-config", "weft-system/weft-bgp", "bgp routing: namespace/name of the BGP ConfigMap (key config.yaml; read live) and the namespace of its password Secrets")
 	flag.IntVar(&f.bgpPort, "bgp-listen-port", 179, "bgp routing: TCP port the speaker accepts sessions on (-1: none, only outgoing)")
 	flag.Var(&f.clusterCIDRs, "cluster-cidr", "pod CIDRs of the cluster, repeatable or comma-separated (masquerade exemption; default 10.244.0.0/16)")
@@ -174,6 +176,10 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if !ok || bgpNS == "" || bgpName == "" {
 		return fmt.Errorf("--bgp-config: %q is not namespace/name", f.bgpConfig)
 	}
+	leaseNS, leaseName, ok := strings.Cut(f.statusLease, "/")
+	if f.statusLease != "" && (!ok || leaseNS == "" || leaseName == "") {
+		return fmt.Errorf("--cluster-policy-status-lease: %q is not namespace/name", f.statusLease)
+	}
 	if f.bgpPort < -1 || f.bgpPort == 0 || f.bgpPort > 65535 {
 		return fmt.Errorf("--bgp-listen-port: %d is not a port (or -1)", f.bgpPort)
 	}
@@ -223,6 +229,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	clusterPolicies := false
 	var cnpStatus agent.ClusterStatusWriter
 	var cnpClient cnpclient.Interface
+	var statusLeader *kube.StatusLeader
 	if f.networkPolicy && !f.cleanup {
 		if clusterPolicies, err = kube.ClusterPoliciesServed(client); err != nil {
 			return err
@@ -230,7 +237,12 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		if cnpClient, err = kube.NewClusterPolicyClient(f.kubeconfig, "weft-agent/"+buildinfo.Version); err != nil {
 			return err
 		}
-		cnpStatus = kube.ClusterPolicyStatus{Client: cnpClient}
+		status := kube.ClusterPolicyStatus{Client: cnpClient}
+		if f.statusLease != "" {
+			statusLeader = &kube.StatusLeader{}
+			status.Leading = statusLeader.Leading
+		}
+		cnpStatus = status
 	}
 	if f.networkPolicy || f.cleanup {
 		if pc, err = agent.NewPolicyController(agent.PolicyOptions{NodeName: node, Mode: f.policyMode, LogDrops: f.policyLogDrops, Resync: f.resync,
@@ -268,6 +280,9 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 			}
 		}()
 		go watchClusterPolicies(ctx, client, cnpClient, pc, clusterPolicies, log)
+		if statusLeader != nil {
+			go statusLeader.Run(ctx, client, leaseNS, leaseName, node, pc.SyncSoon, log.With("component", "policy"))
+		}
 		if f.policyLogDrops {
 			go func() {
 				if err := pc.RunDenyLog(ctx, slog.New(slog.NewJSONHandler(os.Stderr, nil))); err != nil {

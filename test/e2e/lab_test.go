@@ -496,6 +496,17 @@ func TestAgentRBAC(t *testing.T) {
 			_, err := a.CoreV1().Nodes().Patch(ctx, "node1", types.StrategicMergePatchType, []byte(`{"metadata":{"annotations":{"weft.dev/probe":"x"}}}`), metav1.PatchOptions{})
 			return err
 		},
+		// The agents elect the writer of the ClusterNetworkPolicies'
+		// status with it (the node's agent holds it by now).
+		"read the status lease": func() error {
+			var err error
+			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+				if _, err = a.CoordinationV1().Leases("weft-system").Get(ctx, "weft-cluster-policy-status", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+					break
+				}
+			}
+			return err
+		},
 	}
 	refused := map[string]func() error{
 		"read secrets": func() error { _, err := a.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); return err },
@@ -506,6 +517,11 @@ func TestAgentRBAC(t *testing.T) {
 		},
 		"delete nodes":    func() error { return a.CoreV1().Nodes().Delete(ctx, "node1", metav1.DeleteOptions{}) },
 		"list configmaps": func() error { _, err := a.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{}); return err },
+		// The kubelets' heartbeats.
+		"read a node's lease": func() error {
+			_, err := a.CoordinationV1().Leases("kube-node-lease").Get(ctx, "node1", metav1.GetOptions{})
+			return err
+		},
 	}
 	for name, f := range allowed {
 		if err := f(); err != nil {
