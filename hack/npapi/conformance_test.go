@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"text/template"
@@ -103,6 +104,7 @@ func sortedFeatures(s *suite.ConformanceTestSuite) []string {
 	for f := range s.SupportedFeatures {
 		res = append(res, string(f))
 	}
+	slices.Sort(res)
 	return res
 }
 

@@ -184,9 +184,9 @@ func run(args []string) int {
 
 	sel := Selection{Suite: c.suite, Focus: c.focus, Skip: c.skip, Nodes: c.nodes, Procs: c.procs, ResultsDir: c.out, NoSCTP: c.noSCTP}
 	if c.suite == suiteE2E {
-		sel.Version = e2eVersion(c.bin, ".e2e-version")
+		sel.Version = stampedVersion(c.bin, ".e2e-version")
 	} else {
-		sel.Version = e2eVersion(c.bin, ".npapi-version")
+		sel.Version = stampedVersion(c.bin, ".npapi-version")
 	}
 	summary := Summary(sel, results)
 	if err := os.WriteFile(filepath.Join(c.out, "summary.md"), []byte(summary), 0o644); err != nil {
@@ -409,9 +409,9 @@ func copyLogs(from, to string) {
 	}
 }
 
-// e2eVersion reads the version a build script stamped: the second field of
+// stampedVersion reads the version a build script stamped: the second field of
 // bin/.e2e-version ("k8s.io/kubernetes v1.36.3") or bin/.npapi-version.
-func e2eVersion(bin, stamp string) string {
+func stampedVersion(bin, stamp string) string {
 	b, err := os.ReadFile(filepath.Join(bin, stamp))
 	if err != nil {
 		return ""
