@@ -182,9 +182,7 @@ func (b *Backend) Sync(st model.State, full bool) error {
 			return fmt.Errorf("starting the ebpf backend: %w", err)
 		}
 		if b.fresh {
-			want, dirty := b.r.Update(st)
-			applyErr = b.w.apply(want, dirty, true)
-			b.warnLB()
+			applyErr = b.writeState(st, true)
 			if errors.As(applyErr, new(*CapacityError)) {
 				// The programs of an earlier proxy, if any, go on
 				// serving from the maps it pinned.
@@ -223,13 +221,7 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		}
 	}
 	if !applied {
-		// After a failed apply the renderer has moved on while some
-		// frontends were not written: compare everything until an apply
-		// succeeds.
-		full = full || b.failed
-		want, dirty := b.r.Update(st)
-		applyErr = b.w.apply(want, dirty, full)
-		b.warnLB()
+		applyErr = b.writeState(st, full)
 	}
 	if applyErr != nil {
 		b.failed = true
@@ -269,6 +261,17 @@ func (b *Backend) LastStats() Stats {
 		return Stats{}
 	}
 	return b.w.Stats
+}
+
+// writeState renders st and writes what changed into the maps (with full,
+// every frontend is compared). After a failed apply the renderer has moved
+// on while some frontends were not written: everything is compared until
+// an apply succeeds.
+func (b *Backend) writeState(st model.State, full bool) error {
+	want, dirty := b.r.Update(st)
+	err := b.w.apply(want, dirty, full || b.failed)
+	b.warnLB()
+	return err
 }
 
 // Prepare loads the programs and opens the maps (pinned ones are read
