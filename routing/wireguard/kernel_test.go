@@ -1,0 +1,478 @@
+package wireguard_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/routing/wireguard"
+)
+
+func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
+
+// A small cluster of namespaces: an underlay bridge, and per node a
+// namespace on it (eth0, 192.168.77.i/24, host-gw routes to the other
+// nodes' podCIDRs in the main table, as the routing mode would leave them)
+// with a bridge holding 10.244.i.1/24 and one pod, 10.244.i.2, that
+// answers each line with "pod-i saw <client> <line>".
+const (
+	podPort = 8080
+	mtu     = 1500
+)
+
+func nodeIP(i int) netip.Addr    { return netip.AddrFrom4([4]byte{192, 168, 77, byte(i)}) }
+func podCIDR(i int) netip.Prefix { return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24) }
+func podIP(i int) netip.Addr     { return netip.AddrFrom4([4]byte{10, 244, byte(i), 2}) }
+
+type cluster struct {
+	t        *testing.T
+	underlay string
+	nodes    []*node // nodes[0] is node 1
+}
+
+type node struct {
+	i      int
+	ns     string
+	pod    string
+	rec    *wireguard.Reconciler
+	strict bool
+	off    bool // runs no encryption (yet)
+	// published is what the node's annotations say; a test may spoil them.
+	published wireguard.Node
+}
+
+var seq atomic.Int32
+
+func newCluster(t *testing.T, n int) *cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("kernel test: skipped with -short")
+	}
+	if !netnsutil.Isolated() {
+		t.Skip("kernel test: needs root to run in a private network namespace")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skip("no /dev/net/tun for the userspace implementation")
+	}
+	prefix := fmt.Sprintf("wg%d", seq.Add(1))
+	c := &cluster{t: t}
+	c.underlay = c.netns(prefix + "-underlay")
+	c.do(c.underlay, func() error { return addBridge("underlay0", netip.Prefix{}) })
+	for i := 1; i <= n; i++ {
+		nd := &node{i: i, ns: c.netns(fmt.Sprintf("%s-node%d", prefix, i)), pod: c.netns(fmt.Sprintf("%s-pod%d", prefix, i))}
+		c.nodes = append(c.nodes, nd)
+		c.do(c.underlay, func() error { return addVeth(fmt.Sprintf("node%d", i), "underlay0", nd.ns, "eth0") })
+		c.do(nd.ns, func() error { return setupNode(i, n, nd.pod) })
+		c.do(nd.pod, func() error { return setupPod(i) })
+		c.serve(nd)
+	}
+	for _, nd := range c.nodes {
+		c.start(nd)
+	}
+	return c
+}
+
+func (c *cluster) netns(name string) string {
+	c.t.Helper()
+	path, err := netnsutil.NewNamed(name)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { _ = netnsutil.Delete(name) })
+	return path
+}
+
+func (c *cluster) do(ns string, fn func() error) {
+	c.t.Helper()
+	if err := netnsutil.Do(ns, fn); err != nil {
+		c.t.Fatalf("in %s: %v", ns, err)
+	}
+}
+
+func (c *cluster) node(i int) *node { return c.nodes[i-1] }
+
+// start gives nd a new Reconciler (what an agent's start does: a new key,
+// published with the endpoint).
+func (c *cluster) start(nd *node) {
+	c.t.Helper()
+	rec, err := wireguard.NewReconciler(wireguard.Options{
+		MTU: mtu - wireguard.OverheadIPv4, Impl: wireguard.Userspace,
+		In:   func(fn func() error) error { return netnsutil.Do(nd.ns, fn) },
+		Logf: c.t.Logf,
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { rec.Close() })
+	nd.rec = rec
+	nd.published = wireguard.Node{
+		Name: fmt.Sprintf("node-%d", nd.i), PodCIDRs: []netip.Prefix{podCIDR(nd.i)},
+		PublicKey: rec.PublicKey().String(), Endpoint: netip.AddrPortFrom(nodeIP(nd.i), uint16(rec.Port())).String(),
+	}
+}
+
+// sync is every node's agent reading every node's annotations.
+func (c *cluster) sync() {
+	c.t.Helper()
+	var all []wireguard.Node
+	for _, nd := range c.nodes {
+		all = append(all, nd.published)
+	}
+	for _, nd := range c.nodes {
+		if nd.off {
+			continue
+		}
+		d, _ := wireguard.Compute(wireguard.Config{Self: nd.published, Strict: nd.strict}, all)
+		if err := nd.rec.Apply(d); err != nil {
+			c.t.Fatalf("node-%d: %v", nd.i, err)
+		}
+	}
+}
+
+func setupNode(i, n int, podNS string) error {
+	eth0, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(eth0, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(nodeIP(i), 24))}); err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(eth0); err != nil {
+		return err
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return err
+	}
+	if err := addBridge("weft0", netip.PrefixFrom(podCIDR(i).Addr().Next(), 24)); err != nil {
+		return err
+	}
+	for j := 1; j <= n; j++ {
+		if j != i {
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(podCIDR(j)), Gw: nodeIP(j).AsSlice()}); err != nil {
+				return fmt.Errorf("host-gw route to %s: %w", podCIDR(j), err)
+			}
+		}
+	}
+	return addVeth("vpod", "weft0", podNS, "eth0")
+}
+
+func setupPod(i int) error {
+	eth0, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(eth0, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(podIP(i), 24))}); err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(eth0); err != nil {
+		return err
+	}
+	return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: podCIDR(i).Addr().Next().AsSlice()})
+}
+
+func addBridge(name string, addr netip.Prefix) error {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = name
+	br := &netlink.Bridge{LinkAttrs: attrs}
+	if err := netlink.LinkAdd(br); err != nil {
+		return fmt.Errorf("bridge %s: %w", name, err)
+	}
+	if addr.IsValid() {
+		if err := netlink.AddrAdd(br, &netlink.Addr{IPNet: ipnet(addr)}); err != nil {
+			return err
+		}
+	}
+	return netlink.LinkSetUp(br)
+}
+
+func addVeth(name, bridge, peerNS, peer string) error {
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return err
+	}
+	target, err := netns.GetFromPath(peerNS)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU, attrs.MasterIndex = name, mtu, br.Attrs().Index
+	veth := netlink.NewVeth(attrs)
+	veth.PeerName, veth.PeerMTU, veth.PeerNamespace = peer, mtu, netlink.NsFd(target)
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("veth %s/%s: %w", name, peer, err)
+	}
+	return netlink.LinkSetUp(veth)
+}
+
+func ipnet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// serve runs nd's pod's server.
+func (c *cluster) serve(nd *node) {
+	var ln net.Listener
+	c.do(nd.pod, func() (err error) { ln, err = net.Listen("tcp", fmt.Sprintf(":%d", podPort)); return err })
+	c.t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				r := bufio.NewReader(conn)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+					fmt.Fprintf(conn, "pod-%d saw %s %s", nd.i, host, line)
+				}
+			}()
+		}
+	}()
+}
+
+// ask sends line from namespace ns to pod `to` on a new connection and
+// returns the answer.
+func ask(ns string, to int, line string, timeout time.Duration) (string, error) {
+	var conn net.Conn
+	dst := netip.AddrPortFrom(podIP(to), podPort).String()
+	if err := netnsutil.Do(ns, func() (err error) { conn, err = net.DialTimeout("tcp", dst, timeout); return err }); err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintln(conn, line); err != nil {
+		return "", err
+	}
+	ans, err := bufio.NewReader(conn).ReadString('\n')
+	return strings.TrimSpace(ans), err
+}
+
+// capture records every frame crossing node i's port on the underlay.
+type capture struct {
+	mu     sync.Mutex
+	frames [][]byte
+	stop   atomic.Bool
+	done   chan struct{}
+}
+
+func (c *cluster) capture(i int) *capture {
+	c.t.Helper()
+	cp := &capture{done: make(chan struct{})}
+	var fd int
+	c.do(c.underlay, func() error {
+		l, err := netlink.LinkByName(fmt.Sprintf("node%d", i))
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, proto)
+		if err != nil {
+			return err
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index}); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
+	})
+	go func() {
+		defer close(cp.done)
+		defer unix.Close(fd)
+		buf := make([]byte, 65536)
+		for !cp.stop.Load() {
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			cp.mu.Lock()
+			cp.frames = append(cp.frames, bytes.Clone(buf[:n]))
+			cp.mu.Unlock()
+		}
+	}()
+	c.t.Cleanup(cp.end)
+	return cp
+}
+
+func (cp *capture) end() {
+	if cp.stop.CompareAndSwap(false, true) {
+		<-cp.done
+	}
+}
+
+// check ends the capture and reports the IPv4 packets that are not the
+// tunnel's (UDP to or from wireguard.DefaultPort), and whether any frame
+// holds secret.
+func (cp *capture) check(secret string) (clear []string, leaked bool, tunnel int) {
+	cp.end()
+	for _, f := range cp.frames {
+		if bytes.Contains(f, []byte(secret)) {
+			leaked = true
+		}
+		if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		hl := int(ip[0]&0x0f) * 4
+		src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		if ip[9] == unix.IPPROTO_UDP && len(ip) >= hl+4 {
+			sp, dp := binary.BigEndian.Uint16(ip[hl:]), binary.BigEndian.Uint16(ip[hl+2:])
+			if sp == wireguard.DefaultPort || dp == wireguard.DefaultPort {
+				tunnel++
+				continue
+			}
+		}
+		clear = append(clear, fmt.Sprintf("%s > %s proto %d", src, dst, ip[9]))
+	}
+	return clear, leaked, tunnel
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// eventually retries ask until the answer is want; the bound only stops a
+// hang.
+func eventually(t *testing.T, ns string, to int, line, want string) {
+	t.Helper()
+	var ans string
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if ans, err = ask(ns, to, line, time.Second); err == nil && ans == want {
+			return
+		}
+	}
+	t.Fatalf("from %s to pod-%d: %q, %v; want %q", ns, to, ans, err, want)
+}
+
+func TestPodTrafficCrossesTheUnderlayEncrypted(t *testing.T) {
+	c := newCluster(t, 3)
+	// Before encryption the routing mode carries pod traffic in clear: the
+	// capture must see it, or it proves nothing afterwards.
+	cp := c.capture(1)
+	if ans, err := ask(c.node(1).pod, 2, "plain-before", 2*time.Second); err != nil || ans != "pod-2 saw 10.244.1.2 plain-before" {
+		t.Fatalf("host-gw before encryption: %q, %v", ans, err)
+	}
+	if _, leaked, _ := cp.check("plain-before"); !leaked {
+		t.Fatal("the capture did not see the clear payload: it cannot see a leak either")
+	}
+
+	c.sync()
+	cp = c.capture(1)
+	eventually(t, c.node(1).pod, 2, "secret-pod", "pod-2 saw 10.244.1.2 secret-pod")
+	eventually(t, c.node(3).pod, 1, "secret-back", "pod-1 saw 10.244.3.2 secret-back")
+	// The node's own traffic leaves from its podCIDR's network address on
+	// the device, so the answer comes back through the tunnel too.
+	eventually(t, c.node(1).ns, 2, "secret-node", "pod-2 saw 10.244.1.0 secret-node")
+	for _, s := range []string{"secret-pod", "secret-back", "secret-node"} {
+		clear, leaked, tunnel := cp.check(s)
+		if leaked || len(clear) > 0 || tunnel == 0 {
+			t.Fatalf("underlay of node-1 for %q: leaked %v, packets in clear %v, tunnel packets %d", s, leaked, clear, tunnel)
+		}
+	}
+}
+
+func TestBadAnnotationSkipsOnlyThatPeer(t *testing.T) {
+	c := newCluster(t, 3)
+	// node-3 runs no encryption, and its annotation is garbage.
+	c.node(3).off = true
+	c.node(3).published.PublicKey = "not-a-key"
+	var all []wireguard.Node
+	for _, nd := range c.nodes {
+		all = append(all, nd.published)
+	}
+	_, errs := wireguard.Compute(wireguard.Config{Self: c.node(1).published}, all)
+	if len(errs) != 1 || errs[0].Node != "node-3" || !strings.Contains(errs[0].Error(), wireguard.PublicKeyAnnotation) {
+		t.Fatalf("errors %v, want one naming node-3 and %s", errs, wireguard.PublicKeyAnnotation)
+	}
+	c.sync()
+	eventually(t, c.node(1).pod, 2, "to-2", "pod-2 saw 10.244.1.2 to-2")
+	// Outside strict mode node-3's pods are reached in clear (the routing
+	// mode's route); in strict mode they are not reached at all.
+	eventually(t, c.node(1).pod, 3, "to-3", "pod-3 saw 10.244.1.2 to-3")
+	c.node(1).strict = true
+	c.sync()
+	if ans, err := ask(c.node(1).pod, 3, "strict", time.Second); err == nil {
+		t.Fatalf("strict mode reached a node without a tunnel: %q", ans)
+	}
+	eventually(t, c.node(1).pod, 2, "still-2", "pod-2 saw 10.244.1.2 still-2")
+	// Once node-3 publishes a good key, the tunnel carries its traffic.
+	c.node(3).off = false
+	c.start(c.node(3))
+	c.sync()
+	eventually(t, c.node(1).pod, 3, "to-3-encrypted", "pod-3 saw 10.244.1.2 to-3-encrypted")
+}
+
+func TestStrictModeHoldsWhileTheDeviceIsGone(t *testing.T) {
+	c := newCluster(t, 2)
+	c.node(1).strict = true
+	c.sync()
+	eventually(t, c.node(1).pod, 2, "up", "pod-2 saw 10.244.1.2 up")
+	c.do(c.node(1).ns, func() error {
+		l, err := netlink.LinkByName(wireguard.DefaultDevice)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	})
+	cp := c.capture(1)
+	if ans, err := ask(c.node(1).pod, 2, "secret-gone", time.Second); err == nil {
+		t.Fatalf("strict mode without the device reached the peer: %q", ans)
+	}
+	if clear, leaked, _ := cp.check("secret-gone"); leaked {
+		t.Fatalf("strict mode without the device sent the payload in clear: %v", clear)
+	}
+}
+
+// TestRestartRotatesTheKey restarts node-2's side (a new process would do
+// the same: the persistent device stays, a new key is made and published)
+// and logs how long pod traffic was interrupted.
+func TestRestartRotatesTheKey(t *testing.T) {
+	c := newCluster(t, 2)
+	for _, nd := range c.nodes {
+		nd.strict = true
+	}
+	c.sync()
+	eventually(t, c.node(1).pod, 2, "before", "pod-2 saw 10.244.1.2 before")
+	old := c.node(2).published.PublicKey
+	cp := c.capture(1)
+	c.node(2).rec.Close()
+	start := time.Now()
+	c.start(c.node(2))
+	c.sync()
+	if c.node(2).published.PublicKey == old {
+		t.Fatal("the restart kept the key")
+	}
+	eventually(t, c.node(1).pod, 2, "secret-after", "pod-2 saw 10.244.1.2 secret-after")
+	t.Logf("pod traffic resumed %v after the restart", time.Since(start).Round(time.Millisecond))
+	if clear, leaked, _ := cp.check("secret-after"); leaked || len(clear) > 0 {
+		t.Fatalf("across the restart: leaked %v, in clear %v", leaked, clear)
+	}
+	// Rotation on request: the same, without a restart.
+	pub, err := c.node(1).rec.Rotate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.node(1).published.PublicKey = pub.String()
+	start = time.Now()
+	c.sync()
+	eventually(t, c.node(1).pod, 2, "rotated", "pod-2 saw 10.244.1.2 rotated")
+	t.Logf("pod traffic resumed %v after a rotation", time.Since(start).Round(time.Millisecond))
+}
