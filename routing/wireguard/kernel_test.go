@@ -34,9 +34,11 @@ const (
 	mtu     = 1500
 )
 
-func nodeIP(i int) netip.Addr    { return netip.AddrFrom4([4]byte{192, 168, 77, byte(i)}) }
-func podCIDR(i int) netip.Prefix { return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24) }
-func podIP(i int) netip.Addr     { return netip.AddrFrom4([4]byte{10, 244, byte(i), 2}) }
+func nodeIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{192, 168, 77, byte(i)}) }
+func podCIDR(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24)
+}
+func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i), 2}) }
 
 type cluster struct {
 	t        *testing.T
