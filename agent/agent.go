@@ -32,6 +32,7 @@ import (
 	"github.com/weftnet/weft/internal/nlutil"
 	"github.com/weftnet/weft/routing"
 	"github.com/weftnet/weft/routing/bgp"
+	"github.com/weftnet/weft/routing/wireguard"
 )
 
 // Options configure the agent.
@@ -47,7 +48,9 @@ type Options struct {
 	// Dataplane is where the agent's own rules live: DataplaneIPTables
 	// (default) or DataplaneNFTables (see nftables.go).
 	Dataplane string
-	Log       *slog.Logger
+	// Encryption of pod traffic between nodes (encryption.go).
+	Encryption EncryptionOptions
+	Log        *slog.Logger
 }
 
 // Agent programs one node.
@@ -61,6 +64,10 @@ type Agent struct {
 	lastGood atomic.Int64 // unix nanos of the last fully successful sync
 	masq     string       // last applied masquerade payload
 	ready    bool         // NetworkUnavailable cleared
+	enc      *encryption  // --encryption wireguard, once set up
+	// plainChecked: without encryption, a tunnel left by an earlier
+	// configuration has been removed.
+	plainChecked bool
 }
 
 // New returns an agent using client.
@@ -140,6 +147,11 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The tunnel (and strict mode's blackholes) come before the CNI
+	// configuration lets pods start.
+	if err := a.syncEncryptionMode(ctx, self, me); err != nil {
+		return err
+	}
 	if err := a.writeCNIConfig(me.PodCIDRs, mtu); err != nil {
 		return err
 	}
@@ -199,11 +211,13 @@ func (a *Agent) syncRoutes(me routing.Node) error {
 }
 
 // mtu is the pods' MTU: the underlay link's minus the encapsulation.
-func (a *Agent) mtu(me routing.Node) (int, error) { return podMTU(a.opts.MTU, a.opts.Routing, me) }
+func (a *Agent) mtu(me routing.Node) (int, error) {
+	return podMTU(a.opts.MTU, a.opts.Routing, a.opts.Encryption.Mode, me)
+}
 
 // podMTU is the pods' MTU: fixed if set, else the underlay link's minus
-// the encapsulation of the routing mode.
-func podMTU(fixed int, mode routing.Mode, me routing.Node) (int, error) {
+// the overhead of the routing mode and encryption (Overhead).
+func podMTU(fixed int, mode routing.Mode, encryption string, me routing.Node) (int, error) {
 	if fixed > 0 {
 		return fixed, nil
 	}
@@ -215,15 +229,7 @@ func podMTU(fixed int, mode routing.Mode, me routing.Node) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	mtu := link.Attrs().MTU
-	if mode == routing.ModeVXLAN {
-		if underlay.Is4() {
-			mtu -= routing.OverheadIPv4
-		} else {
-			mtu -= routing.OverheadIPv6
-		}
-	}
-	return mtu, nil
+	return link.Attrs().MTU - Overhead(mode, encryption, underlay.Is6()), nil
 }
 
 // underlayAddr is the node's address between nodes: IPv4 when the node
@@ -326,6 +332,12 @@ func (a *Agent) Cleanup() error {
 	var errs []error
 	if err := a.routes.Cleanup(); err != nil {
 		errs = append(errs, err)
+	}
+	if a.enc != nil {
+		a.enc.rec.Close()
+	}
+	if err := wireguard.Cleanup("", nil); err != nil {
+		errs = append(errs, fmt.Errorf("wireguard: %w", err))
 	}
 	if err := (bgp.FIB{}).Cleanup(); err != nil {
 		errs = append(errs, fmt.Errorf("bgp routes: %w", err))

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/weftnet/weft/routing/wireguard"
 )
 
 type metrics struct {
@@ -13,6 +15,8 @@ type metrics struct {
 	syncs    *prometheus.CounterVec
 	duration prometheus.Histogram
 	routes   prometheus.Gauge
+	wg       *prometheus.GaugeVec
+	wgPeers  *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -28,10 +32,23 @@ func newMetrics() *metrics {
 		routes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weft_agent_routes", Help: "Cross-node routes the agent wants programmed.",
 		}),
+		wg: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "weft_wireguard_info", Help: "1 for the WireGuard implementation in use (kernel or userspace), with --encryption wireguard.",
+		}, []string{"implementation"}),
+		wgPeers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "weft_wireguard_peers", Help: "Other nodes by WireGuard state: tunnel (a peer), or skipped (no or bad annotations: strict mode drops their pod traffic, otherwise it goes in clear).",
+		}, []string{"state"}),
 	}
-	m.registry.MustRegister(m.syncs, m.duration, m.routes,
+	m.registry.MustRegister(m.syncs, m.duration, m.routes, m.wg, m.wgPeers,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
+}
+
+func (m *metrics) setEncryption(impl wireguard.Implementation, peers, skipped int) {
+	m.wg.Reset()
+	m.wg.WithLabelValues(string(impl)).Set(1)
+	m.wgPeers.WithLabelValues("tunnel").Set(float64(peers))
+	m.wgPeers.WithLabelValues("skipped").Set(float64(skipped))
 }
 
 func (m *metrics) observe(d time.Duration, err error) {

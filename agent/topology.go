@@ -27,6 +27,7 @@ type TopologyOptions struct {
 	NodeName    string
 	Routing     routing.Mode
 	MTU         int // 0: derived as the agent derives it
+	Encryption  string
 	IPAMDataDir string
 	// BandwidthMbit is the node's bandwidth; 0: the uplink's reported
 	// speed, and none published if it reports none.
@@ -174,7 +175,7 @@ func (e *TopologyExporter) sync(ctx context.Context, full bool) (pending bool, e
 		return false, err
 	}
 	facts := topology.Facts{Routing: string(e.opts.Routing), Rack: e.opts.Rack, ToR: e.opts.ToR}
-	if mtu, err := podMTU(e.opts.MTU, e.opts.Routing, me); err == nil {
+	if mtu, err := podMTU(e.opts.MTU, e.opts.Routing, e.opts.Encryption, me); err == nil {
 		facts.MTU = mtu
 	}
 	if ip, ok := underlayAddr(me); ok && e.opts.Routing == routing.ModeVXLAN {

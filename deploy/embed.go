@@ -7,5 +7,5 @@ import "embed"
 
 // Files are the kustomize base and its overlays, as users apply them.
 //
-//go:embed kustomization.yaml agent dns overlays
+//go:embed kustomization.yaml agent dns overlays components
 var Files embed.FS

@@ -93,6 +93,9 @@ configMapGenerator:
       - KUBERNETES_SERVICE_HOST=%s
       - KUBERNETES_SERVICE_PORT=%d
 `, base, o.Routing, o.clusterCIDRs(), extraLiterals(literals), ControlIP, APIServerPort)
+	if o.Encryption == "wireguard" {
+		overlay = strings.Replace(overlay, "configMapGenerator:\n", "components:\n  - ../deploy/components/wireguard\nconfigMapGenerator:\n", 1)
+	}
 	dir := filepath.Join(o.Dir, "deploy-lab")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err

@@ -9,6 +9,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,10 +58,13 @@ type Options struct {
 	// PodCIDRSize is the prefix length of each node's podCIDR (the
 	// controller-manager's --node-cidr-mask-size; 0: 24).
 	PodCIDRSize int `json:"podCIDRSize,omitempty"`
-	Dir         string
-	BinDir      string    // kube-apiserver, kube-controller-manager, kube-scheduler, weftctl
-	APIPort     int       // the admin kubeconfig's port on the host's loopback
-	Out         io.Writer `json:"-"`
+	// Encryption of pod traffic between nodes: "" (none) or "wireguard"
+	// (deploy/components/wireguard; userspace where the kernel has none).
+	Encryption string `json:"encryption,omitempty"`
+	Dir        string
+	BinDir     string    // kube-apiserver, kube-controller-manager, kube-scheduler, weftctl
+	APIPort    int       // the admin kubeconfig's port on the host's loopback
+	Out        io.Writer `json:"-"`
 }
 
 // State is what a running lab records in Dir/lab.json.
@@ -199,7 +203,7 @@ func Up(ctx context.Context, o Options) (err error) {
 			return err
 		}
 	}
-	step("weft from deploy/ (routing %s, proxy %s, data plane %s)", o.Routing, o.ProxyMode, o.Dataplane)
+	step("weft from deploy/ (routing %s, proxy %s, data plane %s, encryption %s)", o.Routing, o.ProxyMode, o.Dataplane, cmp.Or(o.Encryption, "none"))
 	if err := install(waitCtx, &st); err != nil {
 		return err
 	}
@@ -240,6 +244,9 @@ func checkNodes(o Options) error {
 func checkTopology(o Options) error {
 	if !slices.Contains([]string{"hostgw", "vxlan", "bgp"}, o.Routing) {
 		return fmt.Errorf("--routing: %q is not one of hostgw, vxlan, bgp", o.Routing)
+	}
+	if o.Encryption != "" && o.Encryption != "none" && o.Encryption != "wireguard" {
+		return fmt.Errorf("--encryption: %q is neither none nor wireguard", o.Encryption)
 	}
 	if o.Racks < 0 || o.Racks > MaxRacks {
 		return fmt.Errorf("--racks: %d is not between 0 and %d", o.Racks, MaxRacks)

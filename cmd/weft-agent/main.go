@@ -34,6 +34,7 @@ import (
 	"github.com/weftnet/weft/proxy"
 	"github.com/weftnet/weft/routing"
 	"github.com/weftnet/weft/routing/bgp"
+	"github.com/weftnet/weft/routing/wireguard"
 	"github.com/weftnet/weft/topology"
 )
 
@@ -53,6 +54,9 @@ type agentFlags struct {
 	bgpConfig                                                         string
 	statusLease                                                       string
 	bgpPort                                                           int
+	encryption, wgImpl                                                string
+	encryptionStrict                                                  bool
+	wgPort                                                            int
 }
 
 func main() {
@@ -60,6 +64,10 @@ func main() {
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster config)")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw, vxlan, or bgp (an embedded BGP speaker: docs/bgp.md)")
+	flag.StringVar(&f.encryption, "encryption", agent.EncryptionNone, "encryption of pod traffic between nodes: none, or wireguard (in every routing mode; docs/encryption.md)")
+	flag.BoolVar(&f.encryptionStrict, "encryption-strict", false, "wireguard: drop pod traffic to a node that has no tunnel (no or bad key or endpoint annotation) instead of sending it in clear")
+	flag.StringVar(&f.wgImpl, "wireguard-implementation", string(wireguard.Auto), "wireguard: kernel, userspace (wireguard-go over /dev/net/tun, in the agent), or auto (the kernel's where it has WireGuard)")
+	flag.IntVar(&f.wgPort, "wireguard-port", wireguard.DefaultPort, "wireguard: UDP port of the tunnel on the node's address")
 	flag.StringVar(&f.statusLease, "cluster-policy-status-lease", "weft-system/weft-cluster-policy-status", "namespace/name of the Lease that elects the one agent writing the ClusterNetworkPolicies' status condition (empty: every agent writes)")
 	flag.StringVar(&f.bgpConfig, "bgp-config", "weft-system/weft-bgp", "bgp routing: namespace/name of the BGP ConfigMap (key config.yaml; read live) and the namespace of its password Secrets")
 	flag.IntVar(&f.bgpPort, "bgp-listen-port", 179, "bgp routing: TCP port the speaker accepts sessions on (-1: none, only outgoing)")
@@ -183,6 +191,15 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if f.bgpPort < -1 || f.bgpPort == 0 || f.bgpPort > 65535 {
 		return fmt.Errorf("--bgp-listen-port: %d is not a port (or -1)", f.bgpPort)
 	}
+	if f.encryption != agent.EncryptionNone && f.encryption != agent.EncryptionWireGuard {
+		return fmt.Errorf("--encryption: %q is neither %s nor %s", f.encryption, agent.EncryptionNone, agent.EncryptionWireGuard)
+	}
+	if impl := wireguard.Implementation(f.wgImpl); impl != wireguard.Auto && impl != wireguard.Kernel && impl != wireguard.Userspace {
+		return fmt.Errorf("--wireguard-implementation: %q is none of auto, kernel, userspace", f.wgImpl)
+	}
+	if f.wgPort < 1 || f.wgPort > 65535 {
+		return fmt.Errorf("--wireguard-port: %d is not a port", f.wgPort)
+	}
 	if f.policyPendingTimeout <= 0 {
 		return fmt.Errorf("--policy-pending-timeout: %s is not positive", f.policyPendingTimeout)
 	}
@@ -209,6 +226,8 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	a := agent.New(client, agent.Options{
 		NodeName: node, Routing: routing.Mode(mode), ClusterCIDRs: cidrs, CNIConfDir: f.confDir,
 		IPAMDataDir: f.dataDir, Bridge: f.bridge, MTU: f.mtu, Resync: f.resync, Dataplane: f.dataplane, Log: log,
+		Encryption: agent.EncryptionOptions{Mode: f.encryption, Strict: f.encryptionStrict,
+			Implementation: wireguard.Implementation(f.wgImpl), Port: f.wgPort},
 	})
 	var p *proxy.Proxier
 	if px.mode != "none" {
@@ -271,7 +290,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		return err
 	}
 	log.Info("weft-agent starting", "node", node, "routing", mode, "dataplane", f.dataplane, "proxy", px.mode, "networkPolicy", f.networkPolicy,
-		"policyMode", f.policyMode, "version", buildinfo.Version)
+		"encryption", f.encryption, "policyMode", f.policyMode, "version", buildinfo.Version)
 	if f.networkPolicy {
 		go pc.Run(ctx)
 		go func() {
@@ -293,7 +312,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	}
 	if f.topologyExporter {
 		exp := agent.NewTopologyExporter(client, agent.TopologyOptions{NodeName: node, Routing: routing.Mode(mode), MTU: f.mtu,
-			IPAMDataDir: f.dataDir, BandwidthMbit: f.nodeBandwidth, Rack: f.rack, ToR: f.tor, Resync: f.resync,
+			Encryption: f.encryption, IPAMDataDir: f.dataDir, BandwidthMbit: f.nodeBandwidth, Rack: f.rack, ToR: f.tor, Resync: f.resync,
 			Log: log.With("component", "topology")})
 		go func() {
 			if err := exp.Run(ctx); err != nil {

@@ -40,6 +40,7 @@ func labUp(args []string) error {
 	dualStack := fs.Bool("dual-stack", false, "IPv6 beside IPv4: underlay, node addresses, podCIDRs ("+lab.ClusterCIDR6+") and Services ("+lab.ServiceCIDR6+"); one segment only")
 	podCIDRSize := fs.Int("pod-cidr-size", lab.DefaultPodCIDRSize, "prefix length of each node's podCIDR, within the cluster's "+lab.ClusterCIDR)
 	apiPort := fs.Int("api-port", 6443, "port of the API server on the host's loopback")
+	encryption := fs.String("encryption", "none", "encryption of pod traffic between nodes: none or wireguard (userspace WireGuard where the kernel has none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,7 +51,7 @@ func labUp(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return lab.Up(ctx, lab.Options{
-		Nodes: *nodes, Routing: *routing, Racks: *racks, Zones: *zones, ProxyMode: *proxyMode, Dataplane: *dataplane, DualStack: *dualStack, PodCIDRSize: *podCIDRSize, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
+		Nodes: *nodes, Routing: *routing, Racks: *racks, Zones: *zones, ProxyMode: *proxyMode, Dataplane: *dataplane, DualStack: *dualStack, PodCIDRSize: *podCIDRSize, Encryption: *encryption, Dir: *dir, BinDir: filepath.Dir(self), APIPort: *apiPort, Out: os.Stdout,
 	})
 }
 

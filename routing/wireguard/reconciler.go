@@ -322,10 +322,19 @@ func (r *Reconciler) Close() error {
 	return err
 }
 
-// Cleanup removes everything: the rules, Table's routes and the device.
+// Cleanup stops the device and removes everything (Cleanup).
 func (r *Reconciler) Cleanup() error {
 	r.Close()
-	return r.opts.In.run(func() error {
+	return Cleanup(r.opts.Device, r.opts.In)
+}
+
+// Cleanup removes what encryption installs: the rules, Table's routes and
+// the device (DefaultDevice if device is empty). Nothing there is no error.
+func Cleanup(device string, in Runner) error {
+	if device == "" {
+		device = DefaultDevice
+	}
+	return in.run(func() error {
 		var errs []error
 		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 			for {
@@ -345,7 +354,7 @@ func (r *Reconciler) Cleanup() error {
 				errs = append(errs, err)
 			}
 		}
-		errs = append(errs, deleteLink(r.opts.Device))
+		errs = append(errs, deleteLink(device))
 		return errors.Join(errs...)
 	})
 }
