@@ -2,14 +2,11 @@ package wireguard_test
 
 import (
 	"bufio"
-	"bytes"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/weftnet/weft/internal/capture"
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/routing/wireguard"
 )
@@ -130,18 +128,24 @@ func (c *cluster) start(nd *node) {
 // sync is every node's agent reading every node's annotations.
 func (c *cluster) sync() {
 	c.t.Helper()
-	var all []wireguard.Node
 	for _, nd := range c.nodes {
-		all = append(all, nd.published)
+		c.syncNode(nd)
 	}
-	for _, nd := range c.nodes {
-		if nd.off {
-			continue
-		}
-		d, _ := wireguard.Compute(wireguard.Config{Self: nd.published, Strict: nd.strict}, all)
-		if err := nd.rec.Apply(d); err != nil {
-			c.t.Fatalf("node-%d: %v", nd.i, err)
-		}
+}
+
+// syncNode is one node's agent's sync.
+func (c *cluster) syncNode(nd *node) {
+	c.t.Helper()
+	if nd.off {
+		return
+	}
+	var all []wireguard.Node
+	for _, n := range c.nodes {
+		all = append(all, n.published)
+	}
+	d, _ := wireguard.Compute(wireguard.Config{Self: nd.published, Strict: nd.strict}, all)
+	if err := nd.rec.Apply(d); err != nil {
+		c.t.Fatalf("node-%d: %v", nd.i, err)
 	}
 }
 
@@ -270,85 +274,36 @@ func ask(ns string, to int, line string, timeout time.Duration) (string, error) 
 }
 
 // capture records every frame crossing node i's port on the underlay.
-type capture struct {
-	mu     sync.Mutex
-	frames [][]byte
-	stop   atomic.Bool
-	done   chan struct{}
-}
-
-func (c *cluster) capture(i int) *capture {
+func (c *cluster) capture(i int) *wire {
 	c.t.Helper()
-	cp := &capture{done: make(chan struct{})}
-	var fd int
-	c.do(c.underlay, func() error {
-		l, err := netlink.LinkByName(fmt.Sprintf("node%d", i))
-		if err != nil {
-			return err
-		}
-		proto := int(htons(unix.ETH_P_ALL))
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, proto)
-		if err != nil {
-			return err
-		}
-		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: l.Attrs().Index}); err != nil {
-			unix.Close(fd)
-			return err
-		}
-		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
-	})
-	go func() {
-		defer close(cp.done)
-		defer unix.Close(fd)
-		buf := make([]byte, 65536)
-		for !cp.stop.Load() {
-			n, _, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil {
-				continue
-			}
-			cp.mu.Lock()
-			cp.frames = append(cp.frames, bytes.Clone(buf[:n]))
-			cp.mu.Unlock()
-		}
-	}()
-	c.t.Cleanup(cp.end)
-	return cp
-}
-
-func (cp *capture) end() {
-	if cp.stop.CompareAndSwap(false, true) {
-		<-cp.done
+	cp, err := capture.Start(c.underlay, fmt.Sprintf("node%d", i))
+	if err != nil {
+		c.t.Fatal(err)
 	}
+	c.t.Cleanup(func() { cp.Stop() })
+	return &wire{cp}
 }
 
-// check ends the capture and reports the IPv4 packets that are not the
-// tunnel's (UDP to or from wireguard.DefaultPort), and whether any frame
-// holds secret.
-func (cp *capture) check(secret string) (clear []string, leaked bool, tunnel int) {
-	cp.end()
-	for _, f := range cp.frames {
-		if bytes.Contains(f, []byte(secret)) {
-			leaked = true
+type wire struct{ *capture.Capture }
+
+// check ends the capture and reports the IPv4 packets to or from a pod
+// address, whether any frame holds secret, and how many tunnel packets
+// (UDP to or from wireguard.DefaultPort) crossed.
+func (w *wire) check(secret string) (clear []string, leaked bool, tunnel int) {
+	frames := w.Stop()
+	pods := netip.MustParsePrefix("10.244.0.0/16")
+	for _, f := range frames {
+		p, ok := capture.IPv4(f)
+		switch {
+		case !ok:
+		case p.Proto == unix.IPPROTO_UDP && (p.SrcPort == wireguard.DefaultPort || p.DstPort == wireguard.DefaultPort):
+			tunnel++
+		case pods.Contains(p.Src) || pods.Contains(p.Dst):
+			clear = append(clear, fmt.Sprintf("%s > %s proto %d", p.Src, p.Dst, p.Proto))
 		}
-		if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
-			continue
-		}
-		ip := f[14:]
-		hl := int(ip[0]&0x0f) * 4
-		src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
-		if ip[9] == unix.IPPROTO_UDP && len(ip) >= hl+4 {
-			sp, dp := binary.BigEndian.Uint16(ip[hl:]), binary.BigEndian.Uint16(ip[hl+2:])
-			if sp == wireguard.DefaultPort || dp == wireguard.DefaultPort {
-				tunnel++
-				continue
-			}
-		}
-		clear = append(clear, fmt.Sprintf("%s > %s proto %d", src, dst, ip[9]))
 	}
-	return clear, leaked, tunnel
+	return clear, capture.Contains(frames, []byte(secret)), tunnel
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // eventually retries ask until the answer is want; the bound only stops a
 // hang.
@@ -457,7 +412,9 @@ func TestRestartRotatesTheKey(t *testing.T) {
 	cp := c.capture(1)
 	c.node(2).rec.Close()
 	start := time.Now()
+	// The new agent applies, then publishes; the others read the key.
 	c.start(c.node(2))
+	c.syncNode(c.node(2))
 	c.sync()
 	if c.node(2).published.PublicKey == old {
 		t.Fatal("the restart kept the key")

@@ -44,13 +44,23 @@ func openStream(t *testing.T, c *cluster, name, nsPath, addr string) *stream {
 
 func (s *stream) exchange(t *testing.T, msg string) {
 	t.Helper()
-	_ = s.conn.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := s.try(msg, 3*time.Second); err != nil {
+		t.Fatalf("%s: %v", s.name, err)
+	}
+}
+
+// try sends a line and reads the answer within the bound, and returns how
+// long that took.
+func (s *stream) try(msg string, within time.Duration) (time.Duration, error) {
+	start := time.Now()
+	_ = s.conn.SetDeadline(start.Add(within))
 	if _, err := fmt.Fprintln(s.conn, msg); err != nil {
-		t.Fatalf("%s: write %q: %v", s.name, msg, err)
+		return 0, fmt.Errorf("write %q: %w", msg, err)
 	}
 	if _, err := s.r.ReadString('\n'); err != nil {
-		t.Fatalf("%s: read after %q: %v", s.name, msg, err)
+		return 0, fmt.Errorf("read after %q: %w", msg, err)
 	}
+	return time.Since(start), nil
 }
 
 // TestUpgradeAndUninstall rolls weft-agent's DaemonSet to another build of
