@@ -24,14 +24,14 @@ import (
 	"github.com/weftnet/weft/routing/wireguard"
 )
 
-// TestWireGuardEncryption brings up a VXLAN lab with --encryption
+// TestWireGuardEncryption brings up a 3-node VXLAN lab with --encryption
 // wireguard (userspace here: this kernel has no WireGuard) and shows, from
 // a capture on node1's underlay link, that pod traffic crosses only inside
 // the tunnel: weftctl check passes with no pod-addressed packet, no VXLAN
 // packet and no payload in clear. Then an agent restart and a rotation on
 // request each change the node's key while a cross-node stream goes on.
 func TestWireGuardEncryption(t *testing.T) {
-	c := upOptions(t, lab.Options{Nodes: 2, Routing: "vxlan", Encryption: "wireguard"})
+	c := upOptions(t, lab.Options{Nodes: 3, Routing: "vxlan", Encryption: "wireguard"})
 	ctx := context.Background()
 	keys := publishedKeys(t, c)
 	for _, n := range []string{"node1", "node2"} {
