@@ -94,7 +94,9 @@ func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routin
 		}
 		mtu := link.Attrs().MTU - Overhead(routing.ModeHostGW, EncryptionWireGuard, underlay.Is6())
 		rec, err := wireguard.NewReconciler(wireguard.Options{MTU: mtu, Impl: a.opts.Encryption.Implementation, Port: a.opts.Encryption.Port,
-			Logf: func(f string, args ...any) { a.opts.Log.Error(fmt.Sprintf(f, args...), "device", wireguard.DefaultDevice) }})
+			Logf: func(f string, args ...any) {
+				a.opts.Log.Error(fmt.Sprintf(f, args...), "device", wireguard.DefaultDevice)
+			}})
 		if err != nil {
 			return err
 		}

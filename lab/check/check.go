@@ -4,7 +4,8 @@
 // nodes, nodes reach pods, pods reach nodes, pods reach an external host
 // masqueraded behind their node's address, and a Service over the probe pods
 // answers on its ClusterIP (from pods and nodes) and its NodePort (from the
-// external host, source-NATed to the node). Last, a NetworkPolicy isolates
+// external host, source-NATed to the node). DF-marked datagrams of exactly
+// the pod MTU cross every path between nodes (mtu.go). Last, a NetworkPolicy isolates
 // one probe pod: only the allowed peer and the pod's own node reach it, until
 // the policy is deleted.
 package check
@@ -142,6 +143,7 @@ func Run(ctx context.Context, st *lab.State, c kubernetes.Interface, keep bool) 
 		probe("pod to external (masqueraded)", p, extEP, "http://"+net.JoinHostPort(ext.IP.String(), "80")+"/",
 			sawFrom("external", p.node.IP.AsSlice()))
 	}
+	out = append(out, mtuPodRows(ctx, pods)...)
 	out = append(out, clusterDNS(ctx, pods)...)
 	out = append(out, services(ctx, st, c, pods, nodes, ext, sawNode)...)
 	out = append(out, policies(ctx, st, c, pods)...)
@@ -189,7 +191,7 @@ func services(ctx context.Context, st *lab.State, c kubernetes.Interface, pods [
 	sawNode func(string, lab.Member) func(workload.Reply) error) []Result {
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "probe"}, Spec: corev1.ServiceSpec{
 		Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "weft-check"},
-		Ports: []corev1.ServicePort{{Port: 80}},
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "udp", Port: echoPort, Protocol: corev1.ProtocolUDP}},
 	}}
 	svc, err := c.CoreV1().Services(Namespace).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
@@ -227,6 +229,9 @@ func services(ctx context.Context, st *lab.State, c kubernetes.Interface, pods [
 				}
 				return sawNode(r.Pod, n)(r)
 			})
+	}
+	if len(nodes) > 1 {
+		out = append(out, mtuServiceRows(ctx, st, pods, nodes, ext, svc.Spec.ClusterIP, svc.Spec.Ports[1].NodePort)...)
 	}
 	return out
 }

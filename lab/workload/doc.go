@@ -17,7 +17,10 @@
 // echoed back until the client half-closes, and then the server half-closes
 // too.
 //
-// UDP echo: every datagram is answered with "<name> saw <client ip>: <payload>".
+// UDP echo: every datagram is answered with "<name> saw <client ip>: <payload>",
+// but a size probe, a datagram beginning with SizeProbePrefix, only with its
+// first line: a client sends packets of any size and gets a small answer,
+// so that one direction of a path is measured (weftctl check's MTU rows).
 // On a wildcard address the reply is sent from the address the datagram was
 // sent to (IP_PKTINFO / IPV6_PKTINFO on Linux), so connected clients, and
 // clients that reached the pod through an address other than the one the

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,9 @@ import (
 )
 
 // Listener kinds, as passed to Options.Bound.
+// SizeProbePrefix begins a UDP size probe: only its first line is echoed.
+const SizeProbePrefix = "size-probe "
+
 const (
 	KindHTTP    = "http"
 	KindTCPEcho = "tcp-echo"
@@ -379,7 +383,13 @@ func (s *server) serveUDPEcho(u udpListener) error {
 			return fmt.Errorf("workload: serving %s on %s: %w", KindUDPEcho, u.conn.LocalAddr(), err)
 		}
 		out = fmt.Appendf(out[:0], "%s saw %s: ", s.name, clean(from).Addr())
-		out = append(out, buf[:n]...)
+		payload := buf[:n]
+		if bytes.HasPrefix(payload, []byte(SizeProbePrefix)) {
+			if i := bytes.IndexByte(payload, '\n'); i >= 0 {
+				payload = payload[:i]
+			}
+		}
+		out = append(out, payload...)
 		if u.pktinfo {
 			if src := replyPktinfo(oob[:oobn]); src != nil {
 				if _, _, err := u.conn.WriteMsgUDPAddrPort(out, src, from); err == nil {

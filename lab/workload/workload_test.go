@@ -260,8 +260,12 @@ func TestUDPEcho(t *testing.T) {
 	for i, lb := range loopbacks {
 		t.Run(lb.family, func(t *testing.T) {
 			addr := w.addr(t, KindUDPEcho, i)
-			for _, payload := range []string{"ping", "", "two\nlines"} {
-				want := fmt.Sprintf("%s saw %s: %s", testName, lb.client, payload)
+			for _, payload := range []string{"ping", "", "two\nlines", SizeProbePrefix + "7\n" + strings.Repeat("x", 1000)} {
+				answer, _, _ := strings.Cut(payload, "\n")
+				if !strings.HasPrefix(payload, SizeProbePrefix) {
+					answer = payload // echoed whole
+				}
+				want := fmt.Sprintf("%s saw %s: %s", testName, lb.client, answer)
 				if got, err := UDPExchange(testCtx(t), addr, payload); err != nil || got != want {
 					t.Errorf("UDPExchange(%q) = %q, %v; want %q", payload, got, err, want)
 				}

@@ -179,7 +179,8 @@ func (c *cluster) mustCheck(t *testing.T) {
 	for _, k := range []string{"pod to pod, same node", "pod to pod, other node", "node to pod", "pod to node", "pod to external (masqueraded)", "pod to cluster DNS",
 		"pod to ClusterIP", "node to ClusterIP", "external to NodePort (SNAT)",
 		"policy: denied pod, same node", "policy: denied pod, other node", "policy: allowed pod, other node",
-		"policy: node to its isolated pod", "policy: deleted policy lifts isolation"} {
+		"policy: node to its isolated pod", "policy: deleted policy lifts isolation",
+		"MTU: pod to pod, other node", "MTU: pod to ClusterIP, backend on other node", "MTU: external to NodePort, backend on other node"} {
 		if kinds[k] == 0 {
 			t.Errorf("check ran no %q probe", k)
 		}
