@@ -50,7 +50,10 @@ type Options struct {
 	Dataplane string
 	// Encryption of pod traffic between nodes (encryption.go).
 	Encryption EncryptionOptions
-	Log        *slog.Logger
+	// PathMTUPort is where the agent answers and sends path MTU probes
+	// (pathmtu.go); 0: neither.
+	PathMTUPort int
+	Log         *slog.Logger
 }
 
 // Agent programs one node.
@@ -95,6 +98,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return ctx.Err()
+	}
+	if a.opts.PathMTUPort > 0 {
+		go func() {
+			if err := a.runPathMTU(ctx, a.opts.PathMTUPort); err != nil {
+				a.opts.Log.Error("path MTU measurement stopped", "err", err)
+			}
+		}()
 	}
 	tick := time.NewTicker(a.opts.Resync)
 	defer tick.Stop()

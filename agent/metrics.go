@@ -17,6 +17,11 @@ type metrics struct {
 	routes   prometheus.Gauge
 	wg       *prometheus.GaugeVec
 	wgPeers  *prometheus.GaugeVec
+	// pathMTU is the measured path MTU to each other node (pathmtu.go),
+	// pathMTUNeeded what pod packets need on the underlay.
+	pathMTU       *prometheus.GaugeVec
+	pathMTUNeeded prometheus.Gauge
+	pathMTUNodes  map[string]bool
 }
 
 func newMetrics() *metrics {
@@ -39,7 +44,14 @@ func newMetrics() *metrics {
 			Name: "weft_wireguard_peers", Help: "Other nodes by WireGuard state: tunnel (a peer), or skipped (no or bad annotations: strict mode drops their pod traffic, otherwise it goes in clear).",
 		}, []string{"state"}),
 	}
-	m.registry.MustRegister(m.syncs, m.duration, m.routes, m.wg, m.wgPeers,
+	m.pathMTU = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "weft_path_mtu_bytes", Help: "The largest DF packet that crosses the underlay to each other node's agent and is answered, up to the underlay link's MTU (measured every 2 minutes).",
+	}, []string{"node"})
+	m.pathMTUNeeded = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "weft_path_mtu_needed_bytes", Help: "What a pod packet of the pod MTU takes on the underlay: the pod MTU plus the routing mode's and encryption's overhead. A node's weft_path_mtu_bytes below it drops large pod packets.",
+	})
+	m.pathMTUNodes = map[string]bool{}
+	m.registry.MustRegister(m.syncs, m.duration, m.routes, m.wg, m.wgPeers, m.pathMTU, m.pathMTUNeeded,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
@@ -49,6 +61,16 @@ func (m *metrics) setEncryption(impl wireguard.Implementation, peers, skipped in
 	m.wg.WithLabelValues(string(impl)).Set(1)
 	m.wgPeers.WithLabelValues("tunnel").Set(float64(peers))
 	m.wgPeers.WithLabelValues("skipped").Set(float64(skipped))
+}
+
+// dropPathMTU removes the series of nodes not measured in the last round.
+func (m *metrics) dropPathMTU(measured map[string]bool) {
+	for n := range m.pathMTUNodes {
+		if !measured[n] {
+			m.pathMTU.DeleteLabelValues(n)
+		}
+	}
+	m.pathMTUNodes = measured
 }
 
 func (m *metrics) observe(d time.Duration, err error) {

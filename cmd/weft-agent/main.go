@@ -56,7 +56,7 @@ type agentFlags struct {
 	bgpPort                                                           int
 	encryption, wgImpl                                                string
 	encryptionStrict                                                  bool
-	wgPort                                                            int
+	wgPort, pathMTUPort                                               int
 }
 
 func main() {
@@ -68,6 +68,7 @@ func main() {
 	flag.BoolVar(&f.encryptionStrict, "encryption-strict", false, "wireguard: drop pod traffic to a node that has no tunnel (no or bad key or endpoint annotation) instead of sending it in clear")
 	flag.StringVar(&f.wgImpl, "wireguard-implementation", string(wireguard.Auto), "wireguard: kernel, userspace (wireguard-go over /dev/net/tun, in the agent), or auto (the kernel's where it has WireGuard)")
 	flag.IntVar(&f.wgPort, "wireguard-port", wireguard.DefaultPort, "wireguard: UDP port of the tunnel on the node's address")
+	flag.IntVar(&f.pathMTUPort, "path-mtu-port", agent.DefaultPathMTUPort, "UDP port where the agent answers path MTU probes and sends its own to the other nodes' agents, exporting weft_path_mtu_bytes per node (0: off)")
 	flag.StringVar(&f.statusLease, "cluster-policy-status-lease", "weft-system/weft-cluster-policy-status", "namespace/name of the Lease that elects the one agent writing the ClusterNetworkPolicies' status condition (empty: every agent writes)")
 	flag.StringVar(&f.bgpConfig, "bgp-config", "weft-system/weft-bgp", "bgp routing: namespace/name of the BGP ConfigMap (key config.yaml; read live) and the namespace of its password Secrets")
 	flag.IntVar(&f.bgpPort, "bgp-listen-port", 179, "bgp routing: TCP port the speaker accepts sessions on (-1: none, only outgoing)")
@@ -197,6 +198,9 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if impl := wireguard.Implementation(f.wgImpl); impl != wireguard.Auto && impl != wireguard.Kernel && impl != wireguard.Userspace {
 		return fmt.Errorf("--wireguard-implementation: %q is none of auto, kernel, userspace", f.wgImpl)
 	}
+	if f.pathMTUPort < 0 || f.pathMTUPort > 65535 {
+		return fmt.Errorf("--path-mtu-port: %d is not a port (or 0)", f.pathMTUPort)
+	}
 	if f.wgPort < 1 || f.wgPort > 65535 {
 		return fmt.Errorf("--wireguard-port: %d is not a port", f.wgPort)
 	}
@@ -228,6 +232,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		IPAMDataDir: f.dataDir, Bridge: f.bridge, MTU: f.mtu, Resync: f.resync, Dataplane: f.dataplane, Log: log,
 		Encryption: agent.EncryptionOptions{Mode: f.encryption, Strict: f.encryptionStrict,
 			Implementation: wireguard.Implementation(f.wgImpl), Port: f.wgPort},
+		PathMTUPort: f.pathMTUPort,
 	})
 	var p *proxy.Proxier
 	if px.mode != "none" {

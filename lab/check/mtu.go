@@ -2,19 +2,15 @@ package check
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
 	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/internal/pmtu"
 	"github.com/weftnet/weft/lab"
-	"github.com/weftnet/weft/lab/workload"
 )
 
 // The MTU rows send UDP datagrams with DF set whose IP packets are exactly
@@ -43,122 +39,35 @@ func podMTU(nsPath string) (int, error) {
 	return mtu, err
 }
 
-// dfConn is a UDP socket with DF set on every datagram, to one address.
-type dfConn struct {
-	conn net.Conn
-	v6   bool
-	seq  int
-}
-
-func dialDF(ctx context.Context, dial lab.DialFunc, addr string) (*dfConn, error) {
+// dialDF opens a DF socket to addr over dial.
+func dialDF(ctx context.Context, dial lab.DialFunc, addr string) (*pmtu.Conn, error) {
 	conn, err := dial(ctx, "udp", addr)
 	if err != nil {
 		return nil, err
 	}
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		conn.Close()
-		return nil, fmt.Errorf("%T has no socket to set DF on", conn)
-	}
-	raw, err := sc.SyscallConn()
+	c, err := pmtu.New(conn)
 	if err != nil {
 		conn.Close()
-		return nil, err
 	}
-	host, _, _ := net.SplitHostPort(addr)
-	v6 := strings.Contains(host, ":")
-	var serr error
-	err = raw.Control(func(fd uintptr) {
-		if v6 {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
-		} else {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
-		}
-	})
-	if err = errors.Join(err, serr); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("setting DF: %w", err)
-	}
-	return &dfConn{conn: conn, v6: v6}, nil
+	return c, err
 }
 
-// send sends one datagram whose IP packet is size bytes and returns the
-// pod that echoed it; an error if no echo came within wait.
-func (c *dfConn) send(size int, wait time.Duration) (string, error) {
-	hdr := 28
-	if c.v6 {
-		hdr = 48
-	}
-	if size < hdr+16 {
-		return "", fmt.Errorf("size %d is below the headers", size)
-	}
-	c.seq++
-	// A size probe: the workload echoes its first line only, so the answer
-	// is small and the path is measured in this direction.
-	token := fmt.Sprintf("%s%d %d", workload.SizeProbePrefix, c.seq, size)
-	payload := []byte(token + "\n" + strings.Repeat("x", size-hdr-len(token)-1))
-	if _, err := c.conn.Write(payload); err != nil {
-		return "", err // EMSGSIZE: the route's known MTU is smaller
-	}
-	buf := make([]byte, 65536)
-	_ = c.conn.SetReadDeadline(time.Now().Add(wait))
-	for {
-		n, err := c.conn.Read(buf)
-		if err != nil {
-			return "", fmt.Errorf("no echo of %d bytes: %w", size, err)
-		}
-		// The echo is "<pod> saw <client>: <payload>"; an echo of an
-		// earlier, late datagram is skipped.
-		pod, rest, ok := strings.Cut(string(buf[:n]), " saw ")
-		if ok && strings.Contains(rest, token) {
-			return pod, nil
-		}
-	}
+// answeredBy is the pod that echoed a probe ("<pod> saw <client>: ...").
+func answeredBy(answer string) string {
+	pod, _, _ := strings.Cut(answer, " saw ")
+	return pod
 }
-
-func (c *dfConn) close() { c.conn.Close() }
-
-// fits sends size up to three times (UDP may lose one).
-func (c *dfConn) fits(size int) bool {
-	for range 3 {
-		if _, err := c.send(size, 300*time.Millisecond); err == nil {
-			return true
-		}
-	}
-	return false
-}
-
-// largest is the largest size in [low, high) that passes, by bisection (0
-// if not even low does).
-func (c *dfConn) largest(low, high int) int {
-	if !c.fits(low) {
-		return 0
-	}
-	for high-low > 1 {
-		mid := (low + high) / 2
-		if c.fits(mid) {
-			low = mid
-		} else {
-			high = mid
-		}
-	}
-	return low
-}
-
-// minProbe is the smallest size the bisection tries: IPv4's minimum MTU
-// that every link must carry (576) is below any pod MTU weft derives.
-const minProbe = 576
 
 // mtuResult probes c at mtu and fills r.
-func mtuResult(r Result, c *dfConn, mtu int) Result {
-	if c.fits(mtu) {
+func mtuResult(r Result, c *pmtu.Conn, mtu int) Result {
+	if c.Fits(mtu) {
 		r.OK, r.Detail = true, fmt.Sprintf("%d-byte DF datagrams (the pod MTU) pass", mtu)
 		return r
 	}
-	if best := c.largest(minProbe, mtu); best > 0 {
+	if best := c.Largest(pmtu.Min, mtu); best > 0 {
 		r.Detail = fmt.Sprintf("%d-byte DF datagrams (the pod MTU) are lost on this path; the largest that passed: %d bytes", mtu, best)
 	} else {
-		r.Detail = fmt.Sprintf("%d-byte DF datagrams (the pod MTU) are lost on this path, and so are %d-byte ones", mtu, minProbe)
+		r.Detail = fmt.Sprintf("%d-byte DF datagrams (the pod MTU) are lost on this path, and so are %d-byte ones", mtu, pmtu.Min)
 	}
 	return r
 }
@@ -185,7 +94,7 @@ func mtuPodRows(ctx context.Context, pods []endpoint) []Result {
 				continue
 			}
 			out = append(out, mtuResult(r, c, mtu))
-			c.close()
+			c.Close()
 		}
 	}
 	return out
@@ -195,18 +104,19 @@ func mtuPodRows(ctx context.Context, pods []endpoint) []Result {
 // is balanced to a backend on another node than local (a probe pod's
 // name decides), then keeps that socket: its later datagrams take the same
 // conntrack entry, so the same backend.
-func dialRemoteBackend(ctx context.Context, dial lab.DialFunc, addr string, remote func(pod string) bool) (*dfConn, string, error) {
+func dialRemoteBackend(ctx context.Context, dial lab.DialFunc, addr string, remote func(pod string) bool) (*pmtu.Conn, string, error) {
 	var last error
 	for range 30 {
 		c, err := dialDF(ctx, dial, addr)
 		if err != nil {
 			return nil, "", err
 		}
-		pod, err := c.send(minProbe, 500*time.Millisecond)
+		answer, err := c.Send(pmtu.Min, 500*time.Millisecond)
+		pod := answeredBy(answer)
 		if err == nil && remote(pod) {
 			return c, pod, nil
 		}
-		c.close()
+		c.Close()
 		if err == nil {
 			err = fmt.Errorf("answered by %s, on the same node", pod)
 		}
@@ -239,7 +149,7 @@ func mtuServiceRows(ctx context.Context, st *lab.State, pods []endpoint, nodes [
 		}
 		r.To += " -> " + backend
 		out = append(out, mtuResult(r, c, mtu))
-		c.close()
+		c.Close()
 	}
 	for _, p := range pods {
 		probe(Result{Kind: "MTU: pod to ClusterIP, backend on other node", From: p.name, To: "svc/probe udp"},

@@ -18,7 +18,7 @@
 // too.
 //
 // UDP echo: every datagram is answered with "<name> saw <client ip>: <payload>",
-// but a size probe, a datagram beginning with SizeProbePrefix, only with its
+// but a size probe (package internal/pmtu) only with its
 // first line: a client sends packets of any size and gets a small answer,
 // so that one direction of a path is measured (weftctl check's MTU rows).
 // On a wildcard address the reply is sent from the address the datagram was

@@ -2,7 +2,6 @@ package workload
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,12 +14,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weftnet/weft/internal/pmtu"
 )
 
 // Listener kinds, as passed to Options.Bound.
-// SizeProbePrefix begins a UDP size probe: only its first line is echoed.
-const SizeProbePrefix = "size-probe "
-
 const (
 	KindHTTP    = "http"
 	KindTCPEcho = "tcp-echo"
@@ -384,10 +382,8 @@ func (s *server) serveUDPEcho(u udpListener) error {
 		}
 		out = fmt.Appendf(out[:0], "%s saw %s: ", s.name, clean(from).Addr())
 		payload := buf[:n]
-		if bytes.HasPrefix(payload, []byte(SizeProbePrefix)) {
-			if i := bytes.IndexByte(payload, '\n'); i >= 0 {
-				payload = payload[:i]
-			}
+		if a := pmtu.Answer(payload); a != nil {
+			payload = a // a size probe: its first line only
 		}
 		out = append(out, payload...)
 		if u.pktinfo {

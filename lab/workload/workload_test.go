@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weftnet/weft/internal/pmtu"
 )
 
 const testName = "pod-a"
@@ -260,9 +262,9 @@ func TestUDPEcho(t *testing.T) {
 	for i, lb := range loopbacks {
 		t.Run(lb.family, func(t *testing.T) {
 			addr := w.addr(t, KindUDPEcho, i)
-			for _, payload := range []string{"ping", "", "two\nlines", SizeProbePrefix + "7\n" + strings.Repeat("x", 1000)} {
+			for _, payload := range []string{"ping", "", "two\nlines", pmtu.Prefix + "7\n" + strings.Repeat("x", 1000)} {
 				answer, _, _ := strings.Cut(payload, "\n")
-				if !strings.HasPrefix(payload, SizeProbePrefix) {
+				if !strings.HasPrefix(payload, pmtu.Prefix) {
 					answer = payload // echoed whole
 				}
 				want := fmt.Sprintf("%s saw %s: %s", testName, lb.client, answer)

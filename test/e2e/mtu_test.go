@@ -22,7 +22,8 @@ import (
 // route MTU, as a cloud's DHCP or MSS clamping would), pod traffic is not,
 // and the bridge drops what is too large without a word. weftctl check's
 // MTU rows must fail on every path through node2, naming the largest size
-// that passed (1400), and every other row pass.
+// that passed (1400), and every other row pass; node1's agent exports the
+// path MTU it measured to node2.
 func TestMTUCheckFindsANarrowLink(t *testing.T) {
 	c := up(t, 2, "hostgw")
 	const narrow = 1400
@@ -93,5 +94,25 @@ func TestMTUCheckFindsANarrowLink(t *testing.T) {
 	}
 	if mtuRows == 0 {
 		t.Fatal("check ran no MTU row")
+	}
+
+	// node1's agent measures the path to node2's agent: a restart measures
+	// at once rather than at the next round.
+	if err := lab.Restart(c.dir, "node1-agent"); err != nil {
+		t.Fatal(err)
+	}
+	var got, needed float64
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		m, err := agentMetrics(c.node("node1"))
+		if err != nil {
+			continue // restarting
+		}
+		got, needed = m[`weft_path_mtu_bytes{node="node2"}`], m["weft_path_mtu_needed_bytes"]
+		if got != 0 {
+			break
+		}
+	}
+	if got != narrow || needed != 1500 {
+		t.Fatalf("node1's agent measured a path MTU of %v to node2 (want %d) and says pod packets need %v (want 1500, host-gw)", got, narrow, needed)
 	}
 }

@@ -242,25 +242,38 @@ func (c *cluster) droppedPackets(t *testing.T) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
 	for _, n := range lab.NodeMembers(c.state.Members) {
-		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(n.NSPath(), nil)}}
-		resp, err := client.Get(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(n.IP.String(), strconv.Itoa(lab.AgentPort))))
+		m, err := agentMetrics(n)
 		if err != nil {
-			t.Fatalf("metrics of %s: %v", n.Name, err)
+			t.Fatal(err)
 		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for _, line := range strings.Split(string(body), "\n") {
-			for _, dir := range []string{"ingress", "egress"} {
-				prefix := `weft_policy_dropped_packets_total{direction="` + dir + `"} `
-				if v, ok := strings.CutPrefix(line, prefix); ok {
-					f, err := strconv.ParseFloat(v, 64)
-					if err != nil {
-						t.Fatalf("%s: %q: %v", n.Name, line, err)
-					}
-					out[dir] += f
-				}
-			}
+		for _, dir := range []string{"ingress", "egress"} {
+			out[dir] += m[`weft_policy_dropped_packets_total{direction="`+dir+`"}`]
 		}
 	}
 	return out
+}
+
+// agentMetrics reads a node's agent's /metrics: each sample's series (name
+// and labels, as printed) to its value.
+func agentMetrics(n lab.Member) (map[string]float64, error) {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netnsutil.Dialer(n.NSPath(), nil)}}
+	resp, err := client.Get(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(n.IP.String(), strconv.Itoa(lab.AgentPort))))
+	if err != nil {
+		return nil, fmt.Errorf("metrics of %s: %w", n.Name, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		series, v, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, fmt.Errorf("metrics of %s: %q: %w", n.Name, line, err)
+		}
+		out[series] = f
+	}
+	return out, nil
 }
