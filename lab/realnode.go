@@ -686,8 +686,17 @@ func importImages(ctx context.Context, o Options, node string) error {
 	archives, _ := filepath.Glob(filepath.Join(TestImagesDir(o.BinDir), "*.oci.tar"))
 	archives = append([]string{filepath.Join(o.BinDir, ImageArchive)}, archives...)
 	for _, a := range archives {
-		if out, err := o.ctr(ctx, node, "images", "import", a).CombinedOutput(); err != nil {
-			return fmt.Errorf("node %s: importing %s: %w: %s", node, filepath.Base(a), err, out)
+		// containerd makes its socket file (bind) a moment before it
+		// listens: a first connection may be refused.
+		for try := 0; ; try++ {
+			out, err := o.ctr(ctx, node, "images", "import", a).CombinedOutput()
+			if err == nil {
+				break
+			}
+			if try >= 20 || !strings.Contains(string(out), "connection refused") || ctx.Err() != nil {
+				return fmt.Errorf("node %s: importing %s: %w: %s", node, filepath.Base(a), err, out)
+			}
+			time.Sleep(250 * time.Millisecond)
 		}
 	}
 	return nil
