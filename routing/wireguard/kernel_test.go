@@ -40,6 +40,7 @@ func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i), 
 
 type cluster struct {
 	t        *testing.T
+	impl     wireguard.Implementation
 	underlay string
 	nodes    []*node // nodes[0] is node 1
 }
@@ -57,19 +58,51 @@ type node struct {
 
 var seq atomic.Int32
 
-func newCluster(t *testing.T, n int) *cluster {
-	t.Helper()
+// eachImplementation runs test once per implementation: the userspace one
+// where /dev/net/tun exists, the kernel's where the kernel has WireGuard
+// (the VM suite, test/vm: this machine's kernel has none).
+func eachImplementation(t *testing.T, test func(t *testing.T, impl wireguard.Implementation)) {
 	if testing.Short() {
 		t.Skip("kernel test: skipped with -short")
 	}
 	if !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root to run in a private network namespace")
 	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("no /dev/net/tun for the userspace implementation")
+	for _, impl := range []wireguard.Implementation{wireguard.Kernel, wireguard.Userspace} {
+		t.Run(string(impl), func(t *testing.T) {
+			if why := unavailable(impl); why != "" {
+				if impl == wireguard.Kernel && os.Getenv("WEFT_WIREGUARD_KERNEL") == "required" {
+					t.Fatal(why) // the VM suite's kernel has it
+				}
+				t.Skip(why)
+			}
+			test(t, impl)
+		})
 	}
+}
+
+// unavailable says why impl cannot run here ("" if it can).
+func unavailable(impl wireguard.Implementation) string {
+	if impl == wireguard.Userspace {
+		if _, err := os.Stat("/dev/net/tun"); err != nil {
+			return "no /dev/net/tun for the userspace implementation"
+		}
+		return ""
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = "wg-probe"
+	link := &netlink.Wireguard{LinkAttrs: attrs}
+	if err := netlink.LinkAdd(link); err != nil {
+		return fmt.Sprintf("this kernel cannot make a WireGuard link (%v); the VM suite (test/vm) runs these", err)
+	}
+	_ = netlink.LinkDel(link)
+	return ""
+}
+
+func newCluster(t *testing.T, impl wireguard.Implementation, n int) *cluster {
+	t.Helper()
 	prefix := fmt.Sprintf("wg%d", seq.Add(1))
-	c := &cluster{t: t}
+	c := &cluster{t: t, impl: impl}
 	c.underlay = c.netns(prefix + "-underlay")
 	c.do(c.underlay, func() error { return addBridge("underlay0", netip.Prefix{}) })
 	for i := 1; i <= n; i++ {
@@ -110,7 +143,7 @@ func (c *cluster) node(i int) *node { return c.nodes[i-1] }
 func (c *cluster) start(nd *node) {
 	c.t.Helper()
 	rec, err := wireguard.NewReconciler(wireguard.Options{
-		MTU: mtu - wireguard.OverheadIPv4, Impl: wireguard.Userspace,
+		MTU: mtu - wireguard.OverheadIPv4, Impl: c.impl,
 		In:   func(fn func() error) error { return netnsutil.Do(nd.ns, fn) },
 		Logf: c.t.Logf,
 	})
@@ -320,118 +353,126 @@ func eventually(t *testing.T, ns string, to int, line, want string) {
 }
 
 func TestPodTrafficCrossesTheUnderlayEncrypted(t *testing.T) {
-	c := newCluster(t, 3)
-	// Before encryption the routing mode carries pod traffic in clear: the
-	// capture must see it, or it proves nothing afterwards.
-	cp := c.capture(1)
-	if ans, err := ask(c.node(1).pod, 2, "plain-before", 2*time.Second); err != nil || ans != "pod-2 saw 10.244.1.2 plain-before" {
-		t.Fatalf("host-gw before encryption: %q, %v", ans, err)
-	}
-	if _, leaked, _ := cp.check("plain-before"); !leaked {
-		t.Fatal("the capture did not see the clear payload: it cannot see a leak either")
-	}
-
-	c.sync()
-	cp = c.capture(1)
-	eventually(t, c.node(1).pod, 2, "secret-pod", "pod-2 saw 10.244.1.2 secret-pod")
-	eventually(t, c.node(3).pod, 1, "secret-back", "pod-1 saw 10.244.3.2 secret-back")
-	// The node's own traffic leaves from its podCIDR's network address on
-	// the device, so the answer comes back through the tunnel too.
-	eventually(t, c.node(1).ns, 2, "secret-node", "pod-2 saw 10.244.1.0 secret-node")
-	for _, s := range []string{"secret-pod", "secret-back", "secret-node"} {
-		clear, leaked, tunnel := cp.check(s)
-		if leaked || len(clear) > 0 || tunnel == 0 {
-			t.Fatalf("underlay of node-1 for %q: leaked %v, packets in clear %v, tunnel packets %d", s, leaked, clear, tunnel)
+	eachImplementation(t, func(t *testing.T, impl wireguard.Implementation) {
+		c := newCluster(t, impl, 3)
+		// Before encryption the routing mode carries pod traffic in clear: the
+		// capture must see it, or it proves nothing afterwards.
+		cp := c.capture(1)
+		if ans, err := ask(c.node(1).pod, 2, "plain-before", 2*time.Second); err != nil || ans != "pod-2 saw 10.244.1.2 plain-before" {
+			t.Fatalf("host-gw before encryption: %q, %v", ans, err)
 		}
-	}
+		if _, leaked, _ := cp.check("plain-before"); !leaked {
+			t.Fatal("the capture did not see the clear payload: it cannot see a leak either")
+		}
+
+		c.sync()
+		cp = c.capture(1)
+		eventually(t, c.node(1).pod, 2, "secret-pod", "pod-2 saw 10.244.1.2 secret-pod")
+		eventually(t, c.node(3).pod, 1, "secret-back", "pod-1 saw 10.244.3.2 secret-back")
+		// The node's own traffic leaves from its podCIDR's network address on
+		// the device, so the answer comes back through the tunnel too.
+		eventually(t, c.node(1).ns, 2, "secret-node", "pod-2 saw 10.244.1.0 secret-node")
+		for _, s := range []string{"secret-pod", "secret-back", "secret-node"} {
+			clear, leaked, tunnel := cp.check(s)
+			if leaked || len(clear) > 0 || tunnel == 0 {
+				t.Fatalf("underlay of node-1 for %q: leaked %v, packets in clear %v, tunnel packets %d", s, leaked, clear, tunnel)
+			}
+		}
+	})
 }
 
 func TestBadAnnotationSkipsOnlyThatPeer(t *testing.T) {
-	c := newCluster(t, 3)
-	// node-3 runs no encryption, and its annotation is garbage.
-	c.node(3).off = true
-	c.node(3).published.PublicKey = "not-a-key"
-	var all []wireguard.Node
-	for _, nd := range c.nodes {
-		all = append(all, nd.published)
-	}
-	_, errs := wireguard.Compute(wireguard.Config{Self: c.node(1).published}, all)
-	if len(errs) != 1 || errs[0].Node != "node-3" || !strings.Contains(errs[0].Error(), wireguard.PublicKeyAnnotation) {
-		t.Fatalf("errors %v, want one naming node-3 and %s", errs, wireguard.PublicKeyAnnotation)
-	}
-	c.sync()
-	eventually(t, c.node(1).pod, 2, "to-2", "pod-2 saw 10.244.1.2 to-2")
-	// Outside strict mode node-3's pods are reached in clear (the routing
-	// mode's route); in strict mode they are not reached at all.
-	eventually(t, c.node(1).pod, 3, "to-3", "pod-3 saw 10.244.1.2 to-3")
-	c.node(1).strict = true
-	c.sync()
-	if ans, err := ask(c.node(1).pod, 3, "strict", time.Second); err == nil {
-		t.Fatalf("strict mode reached a node without a tunnel: %q", ans)
-	}
-	eventually(t, c.node(1).pod, 2, "still-2", "pod-2 saw 10.244.1.2 still-2")
-	// Once node-3 publishes a good key, the tunnel carries its traffic.
-	c.node(3).off = false
-	c.start(c.node(3))
-	c.sync()
-	eventually(t, c.node(1).pod, 3, "to-3-encrypted", "pod-3 saw 10.244.1.2 to-3-encrypted")
+	eachImplementation(t, func(t *testing.T, impl wireguard.Implementation) {
+		c := newCluster(t, impl, 3)
+		// node-3 runs no encryption, and its annotation is garbage.
+		c.node(3).off = true
+		c.node(3).published.PublicKey = "not-a-key"
+		var all []wireguard.Node
+		for _, nd := range c.nodes {
+			all = append(all, nd.published)
+		}
+		_, errs := wireguard.Compute(wireguard.Config{Self: c.node(1).published}, all)
+		if len(errs) != 1 || errs[0].Node != "node-3" || !strings.Contains(errs[0].Error(), wireguard.PublicKeyAnnotation) {
+			t.Fatalf("errors %v, want one naming node-3 and %s", errs, wireguard.PublicKeyAnnotation)
+		}
+		c.sync()
+		eventually(t, c.node(1).pod, 2, "to-2", "pod-2 saw 10.244.1.2 to-2")
+		// Outside strict mode node-3's pods are reached in clear (the routing
+		// mode's route); in strict mode they are not reached at all.
+		eventually(t, c.node(1).pod, 3, "to-3", "pod-3 saw 10.244.1.2 to-3")
+		c.node(1).strict = true
+		c.sync()
+		if ans, err := ask(c.node(1).pod, 3, "strict", time.Second); err == nil {
+			t.Fatalf("strict mode reached a node without a tunnel: %q", ans)
+		}
+		eventually(t, c.node(1).pod, 2, "still-2", "pod-2 saw 10.244.1.2 still-2")
+		// Once node-3 publishes a good key, the tunnel carries its traffic.
+		c.node(3).off = false
+		c.start(c.node(3))
+		c.sync()
+		eventually(t, c.node(1).pod, 3, "to-3-encrypted", "pod-3 saw 10.244.1.2 to-3-encrypted")
+	})
 }
 
 func TestStrictModeHoldsWhileTheDeviceIsGone(t *testing.T) {
-	c := newCluster(t, 2)
-	c.node(1).strict = true
-	c.sync()
-	eventually(t, c.node(1).pod, 2, "up", "pod-2 saw 10.244.1.2 up")
-	c.do(c.node(1).ns, func() error {
-		l, err := netlink.LinkByName(wireguard.DefaultDevice)
-		if err != nil {
-			return err
+	eachImplementation(t, func(t *testing.T, impl wireguard.Implementation) {
+		c := newCluster(t, impl, 2)
+		c.node(1).strict = true
+		c.sync()
+		eventually(t, c.node(1).pod, 2, "up", "pod-2 saw 10.244.1.2 up")
+		c.do(c.node(1).ns, func() error {
+			l, err := netlink.LinkByName(wireguard.DefaultDevice)
+			if err != nil {
+				return err
+			}
+			return netlink.LinkDel(l)
+		})
+		cp := c.capture(1)
+		if ans, err := ask(c.node(1).pod, 2, "secret-gone", time.Second); err == nil {
+			t.Fatalf("strict mode without the device reached the peer: %q", ans)
 		}
-		return netlink.LinkDel(l)
+		if clear, leaked, _ := cp.check("secret-gone"); leaked {
+			t.Fatalf("strict mode without the device sent the payload in clear: %v", clear)
+		}
 	})
-	cp := c.capture(1)
-	if ans, err := ask(c.node(1).pod, 2, "secret-gone", time.Second); err == nil {
-		t.Fatalf("strict mode without the device reached the peer: %q", ans)
-	}
-	if clear, leaked, _ := cp.check("secret-gone"); leaked {
-		t.Fatalf("strict mode without the device sent the payload in clear: %v", clear)
-	}
 }
 
 // TestRestartRotatesTheKey restarts node-2's side (a new process would do
 // the same: the persistent device stays, a new key is made and published)
 // and logs how long pod traffic was interrupted.
 func TestRestartRotatesTheKey(t *testing.T) {
-	c := newCluster(t, 2)
-	for _, nd := range c.nodes {
-		nd.strict = true
-	}
-	c.sync()
-	eventually(t, c.node(1).pod, 2, "before", "pod-2 saw 10.244.1.2 before")
-	old := c.node(2).published.PublicKey
-	cp := c.capture(1)
-	c.node(2).rec.Close()
-	start := time.Now()
-	// The new agent applies, then publishes; the others read the key.
-	c.start(c.node(2))
-	c.syncNode(c.node(2))
-	c.sync()
-	if c.node(2).published.PublicKey == old {
-		t.Fatal("the restart kept the key")
-	}
-	eventually(t, c.node(1).pod, 2, "secret-after", "pod-2 saw 10.244.1.2 secret-after")
-	t.Logf("pod traffic resumed %v after the restart", time.Since(start).Round(time.Millisecond))
-	if clear, leaked, _ := cp.check("secret-after"); leaked || len(clear) > 0 {
-		t.Fatalf("across the restart: leaked %v, in clear %v", leaked, clear)
-	}
-	// Rotation on request: the same, without a restart.
-	pub, err := c.node(1).rec.Rotate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.node(1).published.PublicKey = pub.String()
-	start = time.Now()
-	c.sync()
-	eventually(t, c.node(1).pod, 2, "rotated", "pod-2 saw 10.244.1.2 rotated")
-	t.Logf("pod traffic resumed %v after a rotation", time.Since(start).Round(time.Millisecond))
+	eachImplementation(t, func(t *testing.T, impl wireguard.Implementation) {
+		c := newCluster(t, impl, 2)
+		for _, nd := range c.nodes {
+			nd.strict = true
+		}
+		c.sync()
+		eventually(t, c.node(1).pod, 2, "before", "pod-2 saw 10.244.1.2 before")
+		old := c.node(2).published.PublicKey
+		cp := c.capture(1)
+		c.node(2).rec.Close()
+		start := time.Now()
+		// The new agent applies, then publishes; the others read the key.
+		c.start(c.node(2))
+		c.syncNode(c.node(2))
+		c.sync()
+		if c.node(2).published.PublicKey == old {
+			t.Fatal("the restart kept the key")
+		}
+		eventually(t, c.node(1).pod, 2, "secret-after", "pod-2 saw 10.244.1.2 secret-after")
+		t.Logf("pod traffic resumed %v after the restart", time.Since(start).Round(time.Millisecond))
+		if clear, leaked, _ := cp.check("secret-after"); leaked || len(clear) > 0 {
+			t.Fatalf("across the restart: leaked %v, in clear %v", leaked, clear)
+		}
+		// Rotation on request: the same, without a restart.
+		pub, err := c.node(1).rec.Rotate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.node(1).published.PublicKey = pub.String()
+		start = time.Now()
+		c.sync()
+		eventually(t, c.node(1).pod, 2, "rotated", "pod-2 saw 10.244.1.2 rotated")
+		t.Logf("pod traffic resumed %v after a rotation", time.Since(start).Round(time.Millisecond))
+	})
 }

@@ -35,6 +35,11 @@ var suites = []struct{ name, pkg, run, skip string }{
 	// bonded and VLAN uplinks: that kernel cannot make those links.
 	{"nftables", "./proxy/nftables", "TestScenarios/Uplinks", ""},
 	{"userspace", "./proxy/userspace", "TestScenarios/.*/Uplinks", ""},
+	// Encryption between nodes with the kernel's WireGuard, which this
+	// machine's kernel lacks (the userspace implementation runs on the
+	// host); the guest's environment makes a missing kernel device a
+	// failure, not a skip.
+	{"wireguard", "./routing/wireguard", "", ""},
 }
 
 // bootTimeout bounds one boot: a hung guest fails the test with its console.
@@ -65,16 +70,16 @@ func TestVM(t *testing.T) {
 		Files: map[string]string{"/weft/cni/weft": build(t, root, work, "weft-cni", "build", "./cmd/weft-cni"),
 			// ipset reads protocol names from /etc/protocols.
 			"/etc/protocols": "/etc/protocols", "/etc/services": "/etc/services"},
-		Env: map[string]string{"WEFT_CNI_PATH": "/weft/cni"},
+		Env: map[string]string{"WEFT_CNI_PATH": "/weft/cni", "WEFT_WIREGUARD_KERNEL": "required"},
 		// Networking and netfilter (IPVS among them), the virtual links the
 		// tests make (bonds and VLANs for the uplink scenarios, which this
 		// machine's kernel cannot make), sock_diag for TCP (the reset
 		// aborts a client on the node by SOCK_DESTROY), and the VM's
 		// entropy source.
 		ModuleDirs: []string{"kernel/net", "kernel/drivers/net/veth.ko", "kernel/drivers/net/dummy.ko",
-			"kernel/drivers/net/bonding", "kernel/drivers/char/hw_random"},
+			"kernel/drivers/net/bonding", "kernel/drivers/char/hw_random", "kernel/drivers/net/wireguard"},
 		Load: []string{"virtio-rng", "veth", "dummy", "bridge", "br_netfilter", "bonding", "8021q", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_sh", "ip_vs_mh",
-			"nf_tables", "nf_conntrack", "nf_nat", "inet_diag", "tcp_diag"},
+			"nf_tables", "nf_conntrack", "nf_nat", "inet_diag", "tcp_diag", "wireguard"},
 	}
 	// WEFT_VM_SUITES (comma-separated names) and WEFT_VM_RUN (a -run
 	// pattern) narrow a run while working on one suite.
