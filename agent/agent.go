@@ -39,6 +39,9 @@ import (
 type Options struct {
 	NodeName     string
 	Routing      routing.Mode
+	// IPIPCrossSubnet: in ipip mode, encapsulate only to nodes outside the
+	// node's underlay subnet.
+	IPIPCrossSubnet bool
 	ClusterCIDRs []netip.Prefix
 	CNIConfDir   string
 	IPAMDataDir  string
@@ -209,7 +212,14 @@ func (a *Agent) syncRoutes(me routing.Node) error {
 		}
 		nodes = append(nodes, rn)
 	}
-	desired, nerrs := routing.Compute(routing.Config{Mode: a.opts.Routing, Self: me}, nodes)
+	cfg := routing.Config{Mode: a.opts.Routing, Self: me}
+	if a.opts.Routing == routing.ModeIPIP && a.opts.IPIPCrossSubnet {
+		cfg.IPIP.CrossSubnet = true
+		if cfg.IPIP.Subnet, err = underlaySubnet(me); err != nil {
+			return err
+		}
+	}
+	desired, nerrs := routing.Compute(cfg, nodes)
 	for _, e := range nerrs {
 		a.opts.Log.Warn("skipping node", "node", e.Node, "field", e.Field, "err", e.Err)
 	}
@@ -255,6 +265,26 @@ func underlayAddr(me routing.Node) (netip.Addr, bool) {
 		}
 	}
 	return underlay, true
+}
+
+// underlaySubnet is the prefix of the node's IPv4 underlay address on its
+// link.
+func underlaySubnet(me routing.Node) (netip.Prefix, error) {
+	ip, ok := sameFamilyAddr(me.InternalIPs, true)
+	if !ok {
+		return netip.Prefix{}, fmt.Errorf("own node %s has no IPv4 InternalIP", me.Name)
+	}
+	addrs, err := nlutil.Dump("addresses", func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	for _, ad := range addrs {
+		if ad.IP.Equal(net.IP(ip.AsSlice())) {
+			ones, _ := ad.Mask.Size()
+			return netip.PrefixFrom(ip, ones).Masked(), nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("no link carries the node address %s", ip)
 }
 
 func linkWithAddr(ip netip.Addr) (netlink.Link, error) {

@@ -39,11 +39,14 @@ type EncryptionOptions struct {
 // path, so the larger of the two counts.
 func Overhead(mode routing.Mode, encryption string, ipv6Underlay bool) int {
 	o := 0
-	if mode == routing.ModeVXLAN {
+	switch mode {
+	case routing.ModeVXLAN:
 		o = routing.OverheadIPv4
 		if ipv6Underlay {
 			o = routing.OverheadIPv6
 		}
+	case routing.ModeIPIP:
+		o = routing.OverheadIPIP
 	}
 	if encryption == EncryptionWireGuard {
 		w := wireguard.OverheadIPv4

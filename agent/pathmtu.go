@@ -86,7 +86,7 @@ func (a *Agent) measurePaths(ctx context.Context, port int) {
 			continue
 		}
 		rn, _ := RoutingNode(n)
-		peer, ok := sameFamily(rn.InternalIPs, underlay)
+		peer, ok := sameFamilyAddr(rn.InternalIPs, underlay.Is4())
 		if !ok {
 			continue
 		}
@@ -105,10 +105,10 @@ func (a *Agent) measurePaths(ctx context.Context, port int) {
 	a.metrics.dropPathMTU(measured)
 }
 
-// sameFamily is the address of addrs in the family of like.
-func sameFamily(addrs []netip.Addr, like netip.Addr) (netip.Addr, bool) {
+// sameFamilyAddr is the address of addrs that is IPv4 (v4) or IPv6.
+func sameFamilyAddr(addrs []netip.Addr, v4 bool) (netip.Addr, bool) {
 	for _, ip := range addrs {
-		if ip.Is4() == like.Is4() {
+		if ip.Is4() == v4 {
 			return ip, true
 		}
 	}

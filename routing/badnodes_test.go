@@ -156,10 +156,15 @@ func TestComputeBadConfig(t *testing.T) {
 		{"device name too long", "VXLAN.Device", routing.Config{Mode: routing.ModeVXLAN, Self: self, VXLAN: routing.VXLANConfig{Device: "a-very-long-device-name"}}},
 		{"MTU too small", "VXLAN.MTU", routing.Config{Mode: routing.ModeVXLAN, Self: self, VXLAN: routing.VXLANConfig{UnderlayMTU: 1300}}},
 		{"bad own podCIDR", "PodCIDRs", routing.Config{Mode: routing.ModeHostGW, Self: routing.Node{Name: self.Name, PodCIDRs: []netip.Prefix{{}}}}},
+		{"ipip without an IPv4 address", "InternalIPs",
+			routing.Config{Mode: routing.ModeIPIP, Self: routing.Node{Name: self.Name, InternalIPs: []netip.Addr{nodeIP6(1)}, PodCIDRs: self.PodCIDRs}}},
+		{"ipip cross-subnet without the subnet", "IPIP.Subnet", routing.Config{Mode: routing.ModeIPIP, Self: self, IPIP: routing.IPIPConfig{CrossSubnet: true}}},
+		{"ipip cross-subnet, subnet without the node", "IPIP.Subnet",
+			routing.Config{Mode: routing.ModeIPIP, Self: self, IPIP: routing.IPIPConfig{CrossSubnet: true, Subnet: netip.MustParsePrefix("192.168.0.0/24")}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, errs := routing.Compute(tc.cfg, []routing.Node{v4Node(2)})
-			if d.Mode != "" || len(d.Routes) != 0 || d.Device != nil {
+			if d.Mode != "" || len(d.Routes) != 0 || d.Device != nil || d.IPIP != nil {
 				t.Fatalf("desired state from a bad config: %s", dumpDesired(d))
 			}
 			if len(errs) == 0 || errs[0].Node != self.Name || errs[0].Field != tc.field {

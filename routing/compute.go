@@ -58,6 +58,8 @@ func comparePrefix(a, b netip.Prefix) int {
 type computer struct {
 	mode     Mode
 	dev      VXLANDevice
+	ipip     IPIPDevice
+	ipipCfg  IPIPConfig
 	underlay int // address family of the VXLAN underlay
 	d        Desired
 	errs     []NodeError
@@ -77,8 +79,8 @@ func newComputer(cfg Config) (*computer, []NodeError) {
 	if self.Name == "" {
 		c.errs = append(c.errs, NodeError{"", "Name", fmt.Errorf("the node's own name: %w", ErrMissing)})
 	}
-	if cfg.Mode != ModeHostGW && cfg.Mode != ModeVXLAN {
-		c.fail(self, "Mode", fmt.Errorf("mode %q (want %q or %q): %w", cfg.Mode, ModeHostGW, ModeVXLAN, ErrInvalid))
+	if cfg.Mode != ModeHostGW && cfg.Mode != ModeVXLAN && cfg.Mode != ModeIPIP {
+		c.fail(self, "Mode", fmt.Errorf("mode %q (want %q, %q or %q): %w", cfg.Mode, ModeHostGW, ModeVXLAN, ModeIPIP, ErrInvalid))
 	}
 	ips, ipErrs := addrsByFamily(self.InternalIPs)
 	for _, err := range ipErrs {
@@ -99,6 +101,15 @@ func newComputer(cfg Config) (*computer, []NodeError) {
 		c.dev, c.underlay = dev, family(dev.Local)
 		c.d.Device = &c.dev
 		c.macs[dev.MAC.String()] = self.Name
+	}
+	if cfg.Mode == ModeIPIP {
+		dev, errs := ipipSettings(cfg)
+		c.errs = append(c.errs, errs...)
+		if p, ok := cidrs[4]; ok {
+			dev.Addrs = []netip.Prefix{netip.PrefixFrom(p.Addr(), 32)}
+		}
+		c.ipip, c.ipipCfg = dev, cfg.IPIP
+		c.d.IPIP = &c.ipip
 	}
 	if len(c.errs) > 0 {
 		return nil, c.errs
@@ -149,7 +160,11 @@ func (c *computer) add(n Node) {
 			continue
 		}
 		c.ips[gw] = n.Name
-		c.d.Routes = append(c.d.Routes, Route{Dst: p, Via: gw})
+		r := Route{Dst: p, Via: gw}
+		if c.mode == ModeIPIP && f == 4 && !(c.ipipCfg.CrossSubnet && c.ipipCfg.Subnet.Contains(gw)) {
+			r.Dev, r.OnLink = c.ipip.Name, true
+		}
+		c.d.Routes = append(c.d.Routes, r)
 	}
 }
 

@@ -158,7 +158,69 @@ func (s *session) syncAddrs(l netlink.Link, want []netip.Prefix) []error {
 	return errs
 }
 
-// deleteDevices deletes weft's VXLAN devices except the one named keep.
+// ensureIPIP makes weft's IPIP device match want and returns its index
+// (0 when there is no usable device). A kernel without IPIP tunnels is
+// named in the error.
+func (s *session) ensureIPIP(want IPIPDevice) (int, error) {
+	fail := func(err error) (int, error) { return 0, fmt.Errorf("ipip device %s: %w", want.Name, err) }
+	mtu := want.MTU
+	if mtu == 0 {
+		under, err := s.underlayMTU(want.Local)
+		if err != nil {
+			return fail(err)
+		}
+		mtu = under - OverheadIPIP
+	}
+	l, err := s.h.LinkByName(want.Name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		l = nil
+	case err != nil:
+		return fail(err)
+	}
+	t, ok := l.(*netlink.Iptun)
+	if l != nil && !ok {
+		return fail(fmt.Errorf("a %s link of that name exists and is not weft's", l.Type()))
+	}
+	if t == nil || !t.Local.Equal(want.Local.AsSlice()) || t.Remote != nil && !t.Remote.IsUnspecified() {
+		if t != nil {
+			if err := s.h.LinkDel(t); err != nil {
+				return fail(fmt.Errorf("deleting it to change its local address: %w", err))
+			}
+		}
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name, attrs.MTU, attrs.Alias = want.Name, mtu, DeviceAlias
+		if err := s.h.LinkAdd(&netlink.Iptun{LinkAttrs: attrs, Local: want.Local.AsSlice(), PMtuDisc: 1}); err != nil {
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				err = errNoIPIP
+			}
+			return fail(fmt.Errorf("creating it: %w", err))
+		}
+		if l, err = s.h.LinkByName(want.Name); err != nil {
+			return fail(err)
+		}
+		t = l.(*netlink.Iptun)
+	}
+	var errs []error
+	if t.Alias != DeviceAlias {
+		errs = append(errs, wrap("setting alias", s.h.LinkSetAlias(t, DeviceAlias)))
+	}
+	if t.MTU != mtu {
+		errs = append(errs, wrap(fmt.Sprintf("setting mtu %d", mtu), s.h.LinkSetMTU(t, mtu)))
+	}
+	errs = append(errs, s.syncAddrs(t, want.Addrs)...)
+	if t.Flags&net.FlagUp == 0 {
+		errs = append(errs, wrap("setting it up", s.h.LinkSetUp(t)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return t.Index, fmt.Errorf("ipip device %s: %w", want.Name, err)
+	}
+	return t.Index, nil
+}
+
+// deleteDevices deletes weft's VXLAN and IPIP devices except the one named
+// keep.
 func (s *session) deleteDevices(keep string) []error {
 	links, err := nlutil.Dump("links", s.h.LinkList)
 	if err != nil {
@@ -166,9 +228,14 @@ func (s *session) deleteDevices(keep string) []error {
 	}
 	var errs []error
 	for _, l := range links {
-		if _, ok := l.(*netlink.Vxlan); ok && l.Attrs().Alias == DeviceAlias && l.Attrs().Name != keep {
+		switch l.(type) {
+		case *netlink.Vxlan, *netlink.Iptun:
+		default:
+			continue
+		}
+		if l.Attrs().Alias == DeviceAlias && l.Attrs().Name != keep {
 			if err := s.h.LinkDel(l); err != nil {
-				errs = append(errs, fmt.Errorf("deleting vxlan device %s: %w", l.Attrs().Name, err))
+				errs = append(errs, fmt.Errorf("deleting %s device %s: %w", l.Type(), l.Attrs().Name, err))
 			}
 		}
 	}
@@ -203,4 +270,24 @@ func wrap(what string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+var errNoIPIP = errors.New("this kernel has no IPIP tunnels (the ipip module): use --routing vxlan, or hostgw between nodes on one segment")
+
+// CheckIPIP reports whether the calling thread's namespace can make IPIP
+// tunnels: it creates a probe device and deletes it again. weft-agent
+// refuses to start in ipip mode without them.
+func CheckIPIP() error {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = "weft.ipipchk"
+	// A local address of its own: one with none would clash with the
+	// module's fallback device (tunl0), which takes any.
+	t := &netlink.Iptun{LinkAttrs: attrs, Local: net.IPv4(127, 0, 0, 87)}
+	if err := netlink.LinkAdd(t); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			return errNoIPIP
+		}
+		return fmt.Errorf("creating an IPIP probe device: %w", err)
+	}
+	return netlink.LinkDel(t)
 }

@@ -23,8 +23,9 @@ func TestMain(m *testing.M) { os.Exit(netnsutil.RunTests(m)) }
 // a bridge, and per node a namespace attached to it by a veth (eth0), with
 // a bridge weft0 holding the pod gateway and one pod namespace behind it.
 type lab struct {
-	t     *testing.T
-	nodes []*labNode // nodes[0] is node-1
+	t        *testing.T
+	underlay string     // the underlay namespace, whose bridge port for node i is "node<i>"
+	nodes    []*labNode // nodes[0] is node-1
 }
 
 type labNode struct {
@@ -47,6 +48,7 @@ func newLab(t *testing.T, n int) *lab {
 	prefix := fmt.Sprintf("rt%d", labSeq.Add(1))
 	l := &lab{t: t}
 	underlay := l.netns(prefix + "-underlay")
+	l.underlay = underlay
 	l.do(underlay, func() error { return addBridge("underlay0") })
 	for i := 1; i <= n; i++ {
 		nd := &labNode{i: i, rec: routing.NewReconciler(),

@@ -16,7 +16,7 @@ import (
 const RouteProtocol = 0x57
 
 // DeviceAlias is the interface alias (IFLA_IFALIAS) that marks the VXLAN
-// devices weft owns, so a later Apply or Cleanup finds them whatever their
+// and IPIP devices weft owns, so a later Apply or Cleanup finds them whatever their
 // name.
 const DeviceAlias = "weft-routing"
 
@@ -87,6 +87,15 @@ func (r *Reconciler) Apply(d Desired) error {
 		}
 		links[keep] = index
 	}
+	if d.IPIP != nil {
+		keep = d.IPIP.Name
+		index, err := s.ensureIPIP(*d.IPIP)
+		errs = append(errs, err)
+		if index <= 0 {
+			index = -1
+		}
+		links[keep] = index
+	}
 	errs = append(errs, s.syncRoutes(d.Routes, links)...)
 	errs = append(errs, s.deleteDevices(keep)...)
 	return errors.Join(errs...)
@@ -110,12 +119,16 @@ func (r *Reconciler) Cleanup() error {
 
 func checkDesired(d Desired) error {
 	switch {
-	case d.Mode != ModeHostGW && d.Mode != ModeVXLAN:
+	case d.Mode != ModeHostGW && d.Mode != ModeVXLAN && d.Mode != ModeIPIP:
 		return fmt.Errorf("mode %q (a Desired not from Compute?): %w", d.Mode, ErrInvalid)
 	case d.Mode == ModeVXLAN && d.Device == nil:
 		return fmt.Errorf("vxlan mode without a device: %w", ErrMissing)
-	case d.Mode == ModeHostGW && d.Device != nil:
-		return fmt.Errorf("host-gw mode with a vxlan device: %w", ErrInvalid)
+	case d.Mode != ModeVXLAN && d.Device != nil:
+		return fmt.Errorf("%s mode with a vxlan device: %w", d.Mode, ErrInvalid)
+	case (d.Mode == ModeIPIP) != (d.IPIP != nil):
+		return fmt.Errorf("%s mode and an ipip device %v: %w", d.Mode, d.IPIP != nil, ErrInvalid)
+	case d.IPIP != nil && (checkDevice(d.IPIP.Name) != nil || !d.IPIP.Local.Is4()):
+		return fmt.Errorf("ipip device %q local %v: %w", d.IPIP.Name, d.IPIP.Local, ErrInvalid)
 	case d.Device != nil:
 		if err := checkDevice(d.Device.Name); err != nil {
 			return fmt.Errorf("vxlan device: %w", err)

@@ -17,7 +17,38 @@ const (
 	// ModeVXLAN encapsulates pod traffic in VXLAN between node addresses
 	// (Flannel's vxlan backend, with static neighbour and FDB entries).
 	ModeVXLAN Mode = "vxlan"
+	// ModeIPIP encapsulates IPv4 pod traffic in IPv4 (Calico's IPIP mode),
+	// to every node or, with IPIPConfig.CrossSubnet, only to nodes outside
+	// the node's own subnet. IPv6 podCIDRs are routed as in host-gw.
+	ModeIPIP Mode = "ipip"
 )
+
+// DefaultIPIPDevice is the IPIP device's name unless IPIPConfig says
+// otherwise; OverheadIPIP what it adds to a packet (the outer IPv4 header).
+const (
+	DefaultIPIPDevice = "weft.ipip"
+	OverheadIPIP      = 20
+)
+
+// IPIPConfig configures IPIP mode.
+type IPIPConfig struct {
+	Device string // DefaultIPIPDevice if empty
+	// CrossSubnet encapsulates only to nodes whose address is outside
+	// Subnet (the node's own underlay subnet); those inside it get
+	// host-gw routes.
+	CrossSubnet bool
+	Subnet      netip.Prefix
+	MTU         int // 0: the underlay link's MTU minus OverheadIPIP, at Apply
+}
+
+// IPIPDevice is the node's IPIP device: any remote, the node's IPv4
+// underlay address as local.
+type IPIPDevice struct {
+	Name  string
+	Local netip.Addr
+	MTU   int            // 0: underlay link MTU minus OverheadIPIP, at Apply
+	Addrs []netip.Prefix // the IPv4 podCIDR's network address, as a /32
+}
 
 // Defaults of VXLANConfig.
 const (
@@ -62,6 +93,7 @@ type Config struct {
 	Mode  Mode
 	Self  Node // Self.VTEPMAC defaults to VTEPMAC(Self.Name)
 	VXLAN VXLANConfig
+	IPIP  IPIPConfig
 }
 
 // Route is one route weft owns, in the main table. Dev is empty when the
@@ -120,6 +152,7 @@ type Desired struct {
 	Neighbors []Neighbor // by IP
 	FDB       []FDBEntry // by MAC, then Dst
 	Device    *VXLANDevice
+	IPIP      *IPIPDevice
 }
 
 // Errors a NodeError wraps.
@@ -135,7 +168,7 @@ type NodeError struct {
 	Node string // the node's name
 	// Field is the Node or Config field at fault: Name, InternalIPs,
 	// PodCIDRs, VTEPMAC, or, for the node's own Config, Mode, VXLAN.Device,
-	// VXLAN.VNI, VXLAN.MTU.
+	// VXLAN.VNI, VXLAN.MTU, IPIP.Device, IPIP.Subnet, IPIP.MTU.
 	Field string
 	Err   error
 }

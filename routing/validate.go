@@ -126,6 +126,33 @@ func checkDevice(name string) error {
 const minMTU = 1280
 
 // vxlanSettings validates cfg.VXLAN against Self and fills the defaults.
+// ipipSettings is the IPIP device cfg asks for, or why it cannot be.
+func ipipSettings(cfg Config) (IPIPDevice, []NodeError) {
+	v := cfg.IPIP
+	dev := IPIPDevice{Name: v.Device, MTU: v.MTU}
+	if dev.Name == "" {
+		dev.Name = DefaultIPIPDevice
+	}
+	self := cfg.Self.Name
+	var errs []NodeError
+	bad := func(field string, err error) { errs = append(errs, NodeError{self, field, err}) }
+	if err := checkDevice(dev.Name); err != nil {
+		bad("IPIP.Device", err)
+	}
+	ips, _ := addrsByFamily(cfg.Self.InternalIPs)
+	dev.Local = ips[4]
+	if !dev.Local.IsValid() {
+		bad("InternalIPs", fmt.Errorf("no usable IPv4 address for the IPIP underlay: %w", ErrMissing))
+	}
+	if v.CrossSubnet && (!v.Subnet.IsValid() || !v.Subnet.Addr().Is4() || dev.Local.IsValid() && !v.Subnet.Contains(dev.Local)) {
+		bad("IPIP.Subnet", fmt.Errorf("cross-subnet needs the node's IPv4 underlay subnet, holding %s (got %v): %w", dev.Local, v.Subnet, ErrInvalid))
+	}
+	if v.MTU < 0 || v.MTU != 0 && v.MTU < minMTU {
+		bad("IPIP.MTU", fmt.Errorf("device MTU %d is below %d: %w", v.MTU, minMTU, ErrInvalid))
+	}
+	return dev, errs
+}
+
 func vxlanSettings(cfg Config) (VXLANDevice, []NodeError) {
 	v := cfg.VXLAN
 	dev := VXLANDevice{Name: v.Device, VNI: v.VNI, Port: v.Port, MTU: v.MTU, MAC: cfg.Self.VTEPMAC}

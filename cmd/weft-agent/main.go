@@ -55,7 +55,7 @@ type agentFlags struct {
 	statusLease                                                       string
 	bgpPort                                                           int
 	encryption, wgImpl                                                string
-	encryptionStrict                                                  bool
+	encryptionStrict, ipipCrossSubnet                                 bool
 	wgPort, pathMTUPort                                               int
 }
 
@@ -63,7 +63,8 @@ func main() {
 	var f agentFlags
 	flag.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster config)")
 	flag.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw, vxlan, or bgp (an embedded BGP speaker: docs/bgp.md)")
+	flag.StringVar(&f.mode, "routing", "hostgw", "cross-node routing: hostgw, vxlan, ipip (IPv4 in IPv4; needs the kernel's ipip module), or bgp (an embedded BGP speaker: docs/bgp.md)")
+	flag.BoolVar(&f.ipipCrossSubnet, "ipip-cross-subnet", false, "ipip routing: encapsulate only to nodes outside this node's underlay subnet (host-gw routes to the others)")
 	flag.StringVar(&f.encryption, "encryption", agent.EncryptionNone, "encryption of pod traffic between nodes: none, or wireguard (in every routing mode; docs/encryption.md)")
 	flag.BoolVar(&f.encryptionStrict, "encryption-strict", false, "wireguard: drop pod traffic to a node that has no tunnel (no or bad key or endpoint annotation) instead of sending it in clear")
 	flag.StringVar(&f.wgImpl, "wireguard-implementation", string(wireguard.Auto), "wireguard: kernel, userspace (wireguard-go over /dev/net/tun, in the agent), or auto (the kernel's where it has WireGuard)")
@@ -178,8 +179,13 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if node == "" {
 		return errors.New("--node-name: required (or set NODE_NAME)")
 	}
-	if mode != string(routing.ModeHostGW) && mode != string(routing.ModeVXLAN) && mode != string(bgp.Mode) {
-		return fmt.Errorf("--routing: %q is none of hostgw, vxlan, bgp", mode)
+	if mode != string(routing.ModeHostGW) && mode != string(routing.ModeVXLAN) && mode != string(routing.ModeIPIP) && mode != string(bgp.Mode) {
+		return fmt.Errorf("--routing: %q is none of hostgw, vxlan, ipip, bgp", mode)
+	}
+	if mode == string(routing.ModeIPIP) && !f.cleanup {
+		if err := routing.CheckIPIP(); err != nil {
+			return fmt.Errorf("--routing ipip: %w", err)
+		}
 	}
 	bgpNS, bgpName, ok := strings.Cut(f.bgpConfig, "/")
 	if !ok || bgpNS == "" || bgpName == "" {
@@ -228,7 +234,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		return err
 	}
 	a := agent.New(client, agent.Options{
-		NodeName: node, Routing: routing.Mode(mode), ClusterCIDRs: cidrs, CNIConfDir: f.confDir,
+		NodeName: node, Routing: routing.Mode(mode), IPIPCrossSubnet: f.ipipCrossSubnet, ClusterCIDRs: cidrs, CNIConfDir: f.confDir,
 		IPAMDataDir: f.dataDir, Bridge: f.bridge, MTU: f.mtu, Resync: f.resync, Dataplane: f.dataplane, Log: log,
 		Encryption: agent.EncryptionOptions{Mode: f.encryption, Strict: f.encryptionStrict,
 			Implementation: wireguard.Implementation(f.wgImpl), Port: f.wgPort},

@@ -39,7 +39,7 @@ func podCIDR(i int) netip.Prefix {
 func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(i), 2}) }
 
 type cluster struct {
-	t        *testing.T
+	t        testing.TB // a test's or a benchmark's
 	impl     wireguard.Implementation
 	underlay string
 	nodes    []*node // nodes[0] is node 1
@@ -99,7 +99,7 @@ func unavailable(impl wireguard.Implementation) string {
 	return ""
 }
 
-func newCluster(t *testing.T, impl wireguard.Implementation, n int) *cluster {
+func newCluster(t testing.TB, impl wireguard.Implementation, n int) *cluster {
 	t.Helper()
 	prefix := fmt.Sprintf("wg%d", seq.Add(1))
 	c := &cluster{t: t, impl: impl}
@@ -340,7 +340,7 @@ func (w *wire) check(secret string) (clear []string, leaked bool, tunnel int) {
 
 // eventually retries ask until the answer is want; the bound only stops a
 // hang.
-func eventually(t *testing.T, ns string, to int, line, want string) {
+func eventually(t testing.TB, ns string, to int, line, want string) {
 	t.Helper()
 	var ans string
 	var err error

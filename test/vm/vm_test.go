@@ -40,6 +40,8 @@ var suites = []struct{ name, pkg, run, skip string }{
 	// host); the guest's environment makes a missing kernel device a
 	// failure, not a skip.
 	{"wireguard", "./routing/wireguard", "", ""},
+	// IPIP routing, which needs the ipip module (required there too).
+	{"ipip", "./routing", "IPIP", ""},
 }
 
 // bootTimeout bounds one boot: a hung guest fails the test with its console.
@@ -70,7 +72,7 @@ func TestVM(t *testing.T) {
 		Files: map[string]string{"/weft/cni/weft": build(t, root, work, "weft-cni", "build", "./cmd/weft-cni"),
 			// ipset reads protocol names from /etc/protocols.
 			"/etc/protocols": "/etc/protocols", "/etc/services": "/etc/services"},
-		Env: map[string]string{"WEFT_CNI_PATH": "/weft/cni", "WEFT_WIREGUARD_KERNEL": "required"},
+		Env: map[string]string{"WEFT_CNI_PATH": "/weft/cni", "WEFT_WIREGUARD_KERNEL": "required", "WEFT_IPIP_KERNEL": "required"},
 		// Networking and netfilter (IPVS among them), the virtual links the
 		// tests make (bonds and VLANs for the uplink scenarios, which this
 		// machine's kernel cannot make), sock_diag for TCP (the reset
@@ -79,7 +81,7 @@ func TestVM(t *testing.T) {
 		ModuleDirs: []string{"kernel/net", "kernel/drivers/net/veth.ko", "kernel/drivers/net/dummy.ko",
 			"kernel/drivers/net/bonding", "kernel/drivers/char/hw_random", "kernel/drivers/net/wireguard"},
 		Load: []string{"virtio-rng", "veth", "dummy", "bridge", "br_netfilter", "bonding", "8021q", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_sh", "ip_vs_mh",
-			"nf_tables", "nf_conntrack", "nf_nat", "inet_diag", "tcp_diag", "wireguard"},
+			"nf_tables", "nf_conntrack", "nf_nat", "inet_diag", "tcp_diag", "wireguard", "ipip"},
 	}
 	// WEFT_VM_SUITES (comma-separated names) and WEFT_VM_RUN (a -run
 	// pattern) narrow a run while working on one suite.
