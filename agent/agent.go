@@ -37,17 +37,17 @@ import (
 
 // Options configure the agent.
 type Options struct {
-	NodeName     string
-	Routing      routing.Mode
+	NodeName string
+	Routing  routing.Mode
 	// IPIPCrossSubnet: in ipip mode, encapsulate only to nodes outside the
 	// node's underlay subnet.
 	IPIPCrossSubnet bool
-	ClusterCIDRs []netip.Prefix
-	CNIConfDir   string
-	IPAMDataDir  string
-	Bridge       string
-	MTU          int // 0: derived from the underlay link and the routing mode
-	Resync       time.Duration
+	ClusterCIDRs    []netip.Prefix
+	CNIConfDir      string
+	IPAMDataDir     string
+	Bridge          string
+	MTU             int // 0: derived from the underlay link and the routing mode
+	Resync          time.Duration
 	// Dataplane is where the agent's own rules live: DataplaneIPTables
 	// (default) or DataplaneNFTables (see nftables.go).
 	Dataplane string
