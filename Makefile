@@ -157,6 +157,8 @@ bench: deps build kube image node coredns
 	WEFT_EBPF_STORM=1000000 $(GO) test -run 'TestConnectionStorm$$' -count=1 -v -timeout 30m ./proxy/ebpf
 	# The userspace proxy: connections per second and throughput through it (redirected and rootless) and through the nftables backend, each against a direct dial in the same run.
 	$(GO) test -run '^$$' -bench DataPath -benchtime 3s ./proxy/userspace
+	# Encryption between nodes: pod-to-pod TCP throughput (64 MiB per op) and connection rate across two nodes over plain host-gw, plain VXLAN and WireGuard (userspace; the kernel's where the kernel has it), each against host-gw in the same ops.
+	$(GO) test -run '^$$' -bench PodToPod -benchtime 20x ./routing/wireguard
 
 # The upstream [sig-network] e2e specs against a lab of real nodes, once
 # per proxy mode (CONFORMANCE_MODES; docs/conformance.md): JUnit and a

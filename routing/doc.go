@@ -1,5 +1,5 @@
 // Package routing programs the routes that carry pod traffic between nodes,
-// in Flannel's two production modes: host-gw and VXLAN.
+// in Flannel's two production modes, host-gw and VXLAN, and Calico's IPIP.
 //
 // # Compute, then apply
 //
@@ -44,13 +44,23 @@
 // neither MTU is configured Apply reads the MTU of the link that holds the
 // local address.
 //
+// # IPIP
+//
+// One IPIP device (DefaultIPIPDevice, local the node's IPv4 InternalIP, any
+// remote), carrying the IPv4 podCIDR's network address as a /32. Each
+// remote IPv4 podCIDR is routed `via <R InternalIP> dev weft.ipip onlink`:
+// the gateway is the tunnel's remote. With IPIPConfig.CrossSubnet, a node
+// inside IPIPConfig.Subnet gets a host-gw route instead. IPv6 podCIDRs get
+// host-gw routes. The device MTU is the underlay's minus OverheadIPIP.
+//
 // # Ownership
 //
 // weft owns exactly:
 //   - routes in the main table with route protocol RouteProtocol (0x57, see
 //     `ip route show proto 0x57`), or the one given by WithRouteProtocol;
-//   - VXLAN devices with the interface alias DeviceAlias ("weft-routing");
-//     a VXLAN device with the configured name is adopted and marked;
+//   - VXLAN and IPIP devices with the interface alias DeviceAlias
+//     ("weft-routing"); a device of that type with the configured name is
+//     adopted and marked;
 //   - every permanent neighbour and FDB entry on those devices.
 //
 // Nothing else is listed for deletion: another protocol's routes, other

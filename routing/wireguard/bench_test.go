@@ -40,10 +40,11 @@ import (
 // (x-hostgw); ns/op is then the time of both. The end of the run logs
 // these as one table (on stdout).
 //
-// The pods' links have an MTU of 1500 as in the kernel tests, so on the
-// encapsulating variants a connection's segments shrink to the tunnel's
-// path MTU (learnt by the pod at the warm-up transfer) as in a cluster
-// whose pod MTU leaves room for the tunnel.
+// The pods' links have an MTU of 1500 as in the kernel tests: on the
+// encapsulating variants pod-1 learns the tunnel's smaller path MTU at the
+// warm-up transfer, so its segments carry 50 (VXLAN) or 60 (WireGuard)
+// bytes less than host-gw's, as in a cluster whose pod MTU leaves room for
+// the tunnel.
 //
 //	go test -run '^$' -bench PodToPod -benchtime 20x ./routing/wireguard
 //
@@ -89,14 +90,14 @@ func BenchmarkPodToPod(b *testing.B) {
 	w := tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "variant\tMB/s\thostgw MB/s\tx hostgw\tconns/s\thostgw conns/s\tx hostgw\t")
 	for i, r := range results {
-		fmt.Fprintf(w, "%s\t", benchVariants[i].name)
 		switch {
 		case r.skipped != "":
-			fmt.Fprintf(w, "  skipped: %s\n", r.skipped)
+			fmt.Fprintf(w, "%s\t  skipped: %s\n", benchVariants[i].name, r.skipped)
 			continue
 		case r.mbps == 0 && r.conns == 0:
 			continue // not run (-bench)
 		}
+		fmt.Fprintf(w, "%s\t", benchVariants[i].name)
 		for _, m := range [][2]float64{{r.mbps, r.hostgwMBps}, {r.conns, r.hostgwConns}} {
 			if m[0] == 0 {
 				fmt.Fprint(w, "-\t-\t-\t")

@@ -58,6 +58,8 @@ type config struct {
 	out, bin, dir string
 	keep          bool
 	dualStack     bool
+	routing       string
+	encryption    string
 	// noSCTP: the lab's nodes have no SCTP (the policy suite's -no-sctp).
 	noSCTP bool
 }
@@ -89,6 +91,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.dir, "dir", "", "lab directory (default: a new directory under "+labDirBase+")")
 	fs.BoolVar(&c.keep, "keep", false, "leave the last mode's lab up")
 	fs.BoolVar(&c.dualStack, "dual-stack", true, "dual-stack labs (IPv4 and IPv6), for the [Feature:IPv6DualStack] specs")
+	fs.StringVar(&c.routing, "routing", "hostgw", "the labs' routing mode: hostgw or vxlan")
+	fs.StringVar(&c.encryption, "encryption", "none", "the labs' encryption between nodes: none or wireguard")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -261,7 +265,7 @@ func runMode(ctx context.Context, c config, mode string, keep bool) (res Result)
 	defer upLog.Close()
 	upCtx, cancel := context.WithTimeout(ctx, upTimeout)
 	err = lab.Up(upCtx, lab.Options{
-		Nodes: c.nodes, Zones: c.zones, Routing: "hostgw", ProxyMode: mode, DualStack: c.dualStack,
+		Nodes: c.nodes, Zones: c.zones, Routing: c.routing, Encryption: c.encryption, ProxyMode: mode, DualStack: c.dualStack,
 		Dir: dir, BinDir: c.bin, APIPort: lab.APIServerPort, Out: io.MultiWriter(os.Stdout, upLog),
 	})
 	cancel()
