@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/internal/netnsutil"
@@ -55,7 +54,7 @@ func newLab(t *testing.T, n int) *lab {
 			ns: l.netns(fmt.Sprintf("%s-node%d", prefix, i)), pod: l.netns(fmt.Sprintf("%s-pod%d", prefix, i))}
 		l.nodes = append(l.nodes, nd)
 		l.do(underlay, func() error {
-			return addVeth(fmt.Sprintf("node%d", i), "underlay0", nd.ns, "eth0", underlayMTU)
+			return netnsutil.BridgedVeth(fmt.Sprintf("node%d", i), "underlay0", nd.ns, "eth0", underlayMTU)
 		})
 		l.do(nd.ns, func() error { return setupNode(i, nd.pod) })
 		l.do(nd.pod, func() error { return setupPod(i) })
@@ -118,7 +117,7 @@ func setupNode(i int, podNS string) error {
 		netip.PrefixFrom(host(podCIDR6(i), 1), podCIDR6(i).Bits())); err != nil {
 		return err
 	}
-	return addVeth("vpod", "weft0", podNS, "eth0", 1500)
+	return netnsutil.BridgedVeth("vpod", "weft0", podNS, "eth0", 1500)
 }
 
 // setupPod runs in pod i's namespace: addresses and default routes.
@@ -151,28 +150,6 @@ func addBridge(name string) error {
 		return fmt.Errorf("bridge %s: %w", name, err)
 	}
 	return netlink.LinkSetUp(br)
-}
-
-// addVeth creates a veth pair: name, enslaved to bridge and up, here; peer
-// in the namespace at peerNS.
-func addVeth(name, bridge, peerNS, peer string, mtu int) error {
-	br, err := netlink.LinkByName(bridge)
-	if err != nil {
-		return err
-	}
-	target, err := netns.GetFromPath(peerNS)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name, attrs.MTU, attrs.MasterIndex = name, mtu, br.Attrs().Index
-	veth := netlink.NewVeth(attrs)
-	veth.PeerName, veth.PeerMTU, veth.PeerNamespace = peer, uint32(mtu), netlink.NsFd(target)
-	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("veth %s/%s: %w", name, peer, err)
-	}
-	return netlink.LinkSetUp(veth)
 }
 
 // addAddrs adds addresses; IPv6 ones without DAD (they are unique by plan).

@@ -189,3 +189,26 @@ func Dialer(path string, local net.Addr) func(ctx context.Context, network, addr
 		return c, Do(path, dial)
 	}
 }
+
+// BridgedVeth creates a veth pair for a test's topology: name, enslaved to
+// bridge and up, in the calling thread's namespace; peer in the namespace
+// at peerNS. Both ends get mtu.
+func BridgedVeth(name, bridge, peerNS, peer string, mtu int) error {
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return err
+	}
+	target, err := netns.GetFromPath(peerNS)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU, attrs.MasterIndex = name, mtu, br.Attrs().Index
+	veth := netlink.NewVeth(attrs)
+	veth.PeerName, veth.PeerMTU, veth.PeerNamespace = peer, uint32(mtu), netlink.NsFd(target)
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("veth %s/%s: %w", name, peer, err)
+	}
+	return netlink.LinkSetUp(veth)
+}

@@ -220,33 +220,21 @@ func (c *cluster) vxlan() {
 // serveSink runs a bulk sink in nd's pod on sinkPort: it reads each
 // connection to its end, then answers with the number of bytes it read.
 func (c *cluster) serveSink(nd *node) {
-	var ln net.Listener
-	c.do(nd.pod, func() (err error) { ln, err = net.Listen("tcp", fmt.Sprintf(":%d", sinkPort)); return err })
-	c.t.Cleanup(func() { ln.Close() })
-	go func() {
+	c.listen(nd, sinkPort, func(conn net.Conn) {
+		buf := make([]byte, 256<<10)
+		var n int64
 		for {
-			conn, err := ln.Accept()
+			k, err := conn.Read(buf)
+			n += int64(k)
+			if err == io.EOF {
+				fmt.Fprintf(conn, "%d\n", n)
+				return
+			}
 			if err != nil {
 				return
 			}
-			go func() {
-				defer conn.Close()
-				buf := make([]byte, 256<<10)
-				var n int64
-				for {
-					k, err := conn.Read(buf)
-					n += int64(k)
-					if err == io.EOF {
-						fmt.Fprintf(conn, "%d\n", n)
-						return
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 }
 
 // bulk sends n bytes from namespace ns to pod `to`'s sink on one

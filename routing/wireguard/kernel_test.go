@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/internal/capture"
@@ -108,7 +107,7 @@ func newCluster(t testing.TB, impl wireguard.Implementation, n int) *cluster {
 	for i := 1; i <= n; i++ {
 		nd := &node{i: i, ns: c.netns(fmt.Sprintf("%s-node%d", prefix, i)), pod: c.netns(fmt.Sprintf("%s-pod%d", prefix, i))}
 		c.nodes = append(c.nodes, nd)
-		c.do(c.underlay, func() error { return addVeth(fmt.Sprintf("node%d", i), "underlay0", nd.ns, "eth0") })
+		c.do(c.underlay, func() error { return netnsutil.BridgedVeth(fmt.Sprintf("node%d", i), "underlay0", nd.ns, "eth0", mtu) })
 		c.do(nd.ns, func() error { return setupNode(i, n, nd.pod) })
 		c.do(nd.pod, func() error { return setupPod(i) })
 		c.serve(nd)
@@ -206,7 +205,7 @@ func setupNode(i, n int, podNS string) error {
 			}
 		}
 	}
-	return addVeth("vpod", "weft0", podNS, "eth0")
+	return netnsutil.BridgedVeth("vpod", "weft0", podNS, "eth0", mtu)
 }
 
 func setupPod(i int) error {
@@ -238,34 +237,30 @@ func addBridge(name string, addr netip.Prefix) error {
 	return netlink.LinkSetUp(br)
 }
 
-func addVeth(name, bridge, peerNS, peer string) error {
-	br, err := netlink.LinkByName(bridge)
-	if err != nil {
-		return err
-	}
-	target, err := netns.GetFromPath(peerNS)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name, attrs.MTU, attrs.MasterIndex = name, mtu, br.Attrs().Index
-	veth := netlink.NewVeth(attrs)
-	veth.PeerName, veth.PeerMTU, veth.PeerNamespace = peer, mtu, netlink.NsFd(target)
-	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("veth %s/%s: %w", name, peer, err)
-	}
-	return netlink.LinkSetUp(veth)
-}
-
 func ipnet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// serve runs nd's pod's server.
+// serve runs nd's pod's line server.
 func (c *cluster) serve(nd *node) {
+	c.listen(nd, podPort, func(conn net.Conn) {
+		r := bufio.NewReader(conn)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+			fmt.Fprintf(conn, "pod-%d saw %s %s", nd.i, host, line)
+		}
+	})
+}
+
+// listen serves each TCP connection to port in nd's pod with handle, which
+// the connection is closed after, until the test ends.
+func (c *cluster) listen(nd *node, port int, handle func(net.Conn)) {
 	var ln net.Listener
-	c.do(nd.pod, func() (err error) { ln, err = net.Listen("tcp", fmt.Sprintf(":%d", podPort)); return err })
+	c.do(nd.pod, func() (err error) { ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); return err })
 	c.t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -275,15 +270,7 @@ func (c *cluster) serve(nd *node) {
 			}
 			go func() {
 				defer conn.Close()
-				r := bufio.NewReader(conn)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
-					fmt.Fprintf(conn, "pod-%d saw %s %s", nd.i, host, line)
-				}
+				handle(conn)
 			}()
 		}
 	}()
