@@ -217,6 +217,9 @@ func ensureRules() error {
 	var errs []error
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		have, err := netlink.RuleList(fam)
+		if errors.Is(err, unix.EAFNOSUPPORT) {
+			continue // IPv6 disabled on the node
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -340,7 +343,7 @@ func Cleanup(device string, in Runner) error {
 			for {
 				err := netlink.RuleDel(rule(fam))
 				if err != nil {
-					if !errors.Is(err, unix.ENOENT) {
+					if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EAFNOSUPPORT) {
 						errs = append(errs, fmt.Errorf("removing rule %d lookup %d: %w", RulePriority, Table, err))
 					}
 					break
