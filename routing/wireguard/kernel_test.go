@@ -92,7 +92,7 @@ func unavailable(impl wireguard.Implementation) string {
 	attrs.Name = "wg-probe"
 	link := &netlink.Wireguard{LinkAttrs: attrs}
 	if err := netlink.LinkAdd(link); err != nil {
-		return fmt.Sprintf("this kernel cannot make a WireGuard link (%v); the VM suite (test/vm) runs these", err)
+		return fmt.Sprintf("this kernel cannot make a WireGuard link (%v); the VM suite (test/vm) runs the tests on a kernel with it", err)
 	}
 	_ = netlink.LinkDel(link)
 	return ""
