@@ -159,6 +159,8 @@ bench: deps build kube image node coredns
 	$(GO) test -run '^$$' -bench DataPath -benchtime 3s ./proxy/userspace
 	# Encryption between nodes: pod-to-pod TCP throughput (64 MiB per op) and connection rate across two nodes over plain host-gw, plain VXLAN and WireGuard (userspace; the kernel's where the kernel has it), each against host-gw in the same ops.
 	$(GO) test -run '^$$' -bench PodToPod -benchtime 20x ./routing/wireguard
+	# The same with the kernel's WireGuard, in the VM on Debian's kernel (emulated: the ratios only).
+	WEFT_VM_SUITES=wireguard-bench CGO_ENABLED=1 $(GO) test -count=1 -v -timeout 30m -run TestVM ./test/vm
 
 # The upstream [sig-network] e2e specs against a lab of real nodes, once
 # per proxy mode (CONFORMANCE_MODES; docs/conformance.md): JUnit and a

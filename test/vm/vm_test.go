@@ -17,31 +17,36 @@ import (
 
 // suites are the kernel test binaries the VM runs: a name, the package,
 // the tests it runs there (a -run pattern; "" is all) and those it leaves
-// out (a -skip pattern), each said why.
-var suites = []struct{ name, pkg, run, skip string }{
+// out (a -skip pattern), each said why. A suite with bench set runs those
+// benchmarks instead, and only when WEFT_VM_SUITES names it (make bench).
+var suites = []struct{ name, pkg, run, skip, bench string }{
 	// The guest's own checks (TestGuest).
-	{"vm", "./test/vm", "", ""},
+	{"vm", "./test/vm", "", "", ""},
 	// The IPVS backend on a kernel with IPVS (its pure tests run on the host).
-	{"ipvs", "./proxy/ipvs", "TestScenarios|TestKernelTable", ""},
+	{"ipvs", "./proxy/ipvs", "TestScenarios|TestKernelTable", "", ""},
 	// The iptables backend's shared scenarios on Debian stable's kernel.
-	{"iptables", "./proxy/iptables", "TestScenarios", ""},
+	{"iptables", "./proxy/iptables", "TestScenarios", "", ""},
 	// The eBPF backend's, but for the termination of a connected UDP
 	// socket whose backend left (removed, or moved to another port): it
 	// needs bpf_sock_destroy (Linux 6.5), which 6.1 lacks, and the backend
 	// documents that such sockets then stay on the removed backend until
 	// the client closes them.
-	{"ebpf", "./proxy/ebpf", "TestScenarios", "TestScenarios/^(UDPBackendReplaced|UDPTargetPortChanged)$"},
+	{"ebpf", "./proxy/ebpf", "TestScenarios", "TestScenarios/^(UDPBackendReplaced|UDPTargetPortChanged)$", ""},
 	// The other backends run the whole table on the host, but for the
 	// bonded and VLAN uplinks: that kernel cannot make those links.
-	{"nftables", "./proxy/nftables", "TestScenarios/Uplinks", ""},
-	{"userspace", "./proxy/userspace", "TestScenarios/.*/Uplinks", ""},
+	{"nftables", "./proxy/nftables", "TestScenarios/Uplinks", "", ""},
+	{"userspace", "./proxy/userspace", "TestScenarios/.*/Uplinks", "", ""},
 	// Encryption between nodes with the kernel's WireGuard, which this
 	// machine's kernel lacks (the userspace implementation runs on the
 	// host); the guest's environment makes a missing kernel device a
 	// failure, not a skip.
-	{"wireguard", "./routing/wireguard", "", ""},
+	{"wireguard", "./routing/wireguard", "", "", ""},
 	// IPIP routing, which needs the ipip module (required there too).
-	{"ipip", "./routing", "IPIP", ""},
+	{"ipip", "./routing", "IPIP", "", ""},
+	// Pod-to-pod throughput and connection rate with the kernel's
+	// WireGuard beside host-gw and VXLAN (under emulation: the ratios
+	// only mean something).
+	{"wireguard-bench", "./routing/wireguard", "", "", "PodToPod"},
 }
 
 // bootTimeout bounds one boot: a hung guest fails the test with its console.
@@ -79,9 +84,9 @@ func TestVM(t *testing.T) {
 		// aborts a client on the node by SOCK_DESTROY), and the VM's
 		// entropy source.
 		ModuleDirs: []string{"kernel/net", "kernel/drivers/net/veth.ko", "kernel/drivers/net/dummy.ko",
-			"kernel/drivers/net/bonding", "kernel/drivers/char/hw_random", "kernel/drivers/net/wireguard"},
+			"kernel/drivers/net/bonding", "kernel/drivers/char/hw_random", "kernel/drivers/net/wireguard", "kernel/drivers/net/vxlan"},
 		Load: []string{"virtio-rng", "veth", "dummy", "bridge", "br_netfilter", "bonding", "8021q", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_sh", "ip_vs_mh",
-			"nf_tables", "nf_conntrack", "nf_nat", "inet_diag", "tcp_diag", "wireguard", "ipip"},
+			"nf_tables", "nf_conntrack", "nf_nat", "inet_diag", "tcp_diag", "wireguard", "ipip", "vxlan"},
 	}
 	// WEFT_VM_SUITES (comma-separated names) and WEFT_VM_RUN (a -run
 	// pattern) narrow a run while working on one suite.
@@ -94,10 +99,14 @@ func TestVM(t *testing.T) {
 	}
 	g.Tools = append(g.Tools, ext...)
 	for _, s := range suites {
-		if only != "" && !slices.Contains(strings.Split(only, ","), s.name) {
+		named := slices.Contains(strings.Split(only, ","), s.name)
+		if only != "" && !named || s.bench != "" && !named {
 			continue
 		}
 		args := []string{"-test.v", "-test.count=1", "-test.timeout=" + (bootTimeout - time.Minute).String()}
+		if s.bench != "" {
+			args = append(args, "-test.run=^$", "-test.bench="+s.bench, "-test.benchtime=10x")
+		}
 		if r := cmp.Or(run, s.run); r != "" {
 			args = append(args, "-test.run="+r)
 		}
