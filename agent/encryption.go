@@ -120,7 +120,7 @@ func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routin
 	nodes := make([]wireguard.Node, 0, len(all))
 	for _, n := range all {
 		rn, _ := RoutingNode(n) // syncRoutes logs bad fields
-		nodes = append(nodes, WireGuardNode(n, rn))
+		nodes = append(nodes, wireGuardNode(n, rn))
 	}
 	cfg := wireguard.Config{Self: wireguard.Node{Name: me.Name, PodCIDRs: me.PodCIDRs}, Strict: a.opts.Encryption.Strict}
 	desired, errs := wireguard.Compute(cfg, nodes)
@@ -139,8 +139,8 @@ func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routin
 	return a.publishWireGuard(ctx, self, netip.AddrPortFrom(underlay, uint16(a.enc.rec.Port())).String())
 }
 
-// WireGuardNode is what encryption reads of a Node.
-func WireGuardNode(n *corev1.Node, rn routing.Node) wireguard.Node {
+// wireGuardNode is what encryption reads of a Node.
+func wireGuardNode(n *corev1.Node, rn routing.Node) wireguard.Node {
 	return wireguard.Node{Name: n.Name, PodCIDRs: rn.PodCIDRs,
 		PublicKey: n.Annotations[wireguard.PublicKeyAnnotation], Endpoint: n.Annotations[wireguard.EndpointAnnotation]}
 }

@@ -325,12 +325,6 @@ func (r *Reconciler) Close() error {
 	return err
 }
 
-// Cleanup stops the device and removes everything (Cleanup).
-func (r *Reconciler) Cleanup() error {
-	r.Close()
-	return Cleanup(r.opts.Device, r.opts.In)
-}
-
 // Cleanup removes what encryption installs: the rules, Table's routes and
 // the device (DefaultDevice if device is empty). Nothing there is no error.
 func Cleanup(device string, in Runner) error {
