@@ -2,6 +2,7 @@ package agent
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,13 +83,38 @@ func (m *metrics) observe(d time.Duration, err error) {
 	m.syncs.WithLabelValues("ok").Inc()
 }
 
-// Handler serves /healthz (200 once a sync succeeded recently) and /metrics,
+// ReadyCheck is one more condition of /readyz: a component (the service
+// proxy) and whether its last sync succeeded.
+type ReadyCheck struct {
+	Name string
+	OK   func() bool
+}
+
+// Handler serves /healthz (200 once a node sync succeeded recently: the
+// liveness probe's), /readyz (that, and every check: the readiness
+// probe's, so a proxy whose syncs fail holds a rollout back) and /metrics,
 // with the metrics of extra registries (the proxy's) alongside the agent's.
-func (a *Agent) Handler(extra ...*prometheus.Registry) http.Handler {
+func (a *Agent) Handler(checks []ReadyCheck, extra ...*prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.Healthy() {
 			http.Error(w, "no successful sync recently", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		var failing []string
+		if !a.Healthy() {
+			failing = append(failing, "node sync")
+		}
+		for _, c := range checks {
+			if !c.OK() {
+				failing = append(failing, c.Name)
+			}
+		}
+		if len(failing) > 0 {
+			http.Error(w, "last sync failed: "+strings.Join(failing, ", "), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))

@@ -291,13 +291,15 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var extra []*prometheus.Registry
+	var checks []agent.ReadyCheck
 	if p != nil {
 		extra = append(extra, p.Metrics().Registry)
+		checks = append(checks, agent.ReadyCheck{Name: "service proxy (" + px.mode + ")", OK: p.Healthy})
 	}
 	if f.networkPolicy {
 		extra = append(extra, pc.Registry())
 	}
-	if err := httpserve.Serve(ctx, "--healthz-addr", f.healthz, a.Handler(extra...)); err != nil {
+	if err := httpserve.Serve(ctx, "--healthz-addr", f.healthz, a.Handler(checks, extra...)); err != nil {
 		return err
 	}
 	log.Info("weft-agent starting", "node", node, "routing", mode, "dataplane", f.dataplane, "proxy", px.mode, "networkPolicy", f.networkPolicy,
