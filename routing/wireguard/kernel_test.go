@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/weftnet/weft/internal/capture"
@@ -461,5 +462,60 @@ func TestRestartRotatesTheKey(t *testing.T) {
 		c.sync()
 		eventually(t, c.node(1).pod, 2, "rotated", "pod-2 saw 10.244.1.2 rotated")
 		t.Logf("pod traffic resumed %v after a rotation", time.Since(start).Round(time.Millisecond))
+	})
+}
+
+// TestReapplyChangesNothing: a sync over the same Nodes sends the kernel no
+// change to what encryption owns (its routes, rules, the device's
+// addresses), so a resync never disturbs the tunnel.
+func TestReapplyChangesNothing(t *testing.T) {
+	eachImplementation(t, func(t *testing.T, impl wireguard.Implementation) {
+		c := newCluster(t, impl, 2)
+		for _, nd := range c.nodes {
+			nd.strict = true
+		}
+		c.sync()
+		var sock *nl.NetlinkSocket
+		c.do(c.node(1).ns, func() (err error) {
+			sock, err = nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
+				unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE)
+			if err == nil {
+				err = sock.SetReceiveTimeout(&unix.Timeval{Sec: 10})
+			}
+			return err
+		})
+		defer sock.Close()
+		c.syncNode(c.node(1))
+		// A marker route, added last, ends what the sync may have sent.
+		const markerProto = 0x59
+		marker := &netlink.Route{Dst: ipnet(netip.MustParsePrefix("192.0.2.0/24")), Type: unix.RTN_BLACKHOLE, Protocol: markerProto}
+		c.do(c.node(1).ns, func() error { return netlink.RouteAdd(marker) })
+		var changes []string
+		for done := false; !done; {
+			msgs, _, err := sock.Receive()
+			if err != nil {
+				t.Fatalf("reading notifications: %v", err)
+			}
+			for _, m := range msgs {
+				switch m.Header.Type {
+				case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
+					switch nl.DeserializeRtMsg(m.Data).Protocol {
+					case markerProto:
+						done = true
+					case wireguard.RouteProtocol:
+						changes = append(changes, fmt.Sprintf("route message %d", m.Header.Type))
+					}
+				case unix.RTM_NEWRULE, unix.RTM_DELRULE:
+					changes = append(changes, fmt.Sprintf("rule message %d", m.Header.Type))
+				case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+					if nl.DeserializeIfAddrmsg(m.Data).Scope != unix.RT_SCOPE_LINK {
+						changes = append(changes, fmt.Sprintf("address message %d", m.Header.Type))
+					}
+				}
+			}
+		}
+		if len(changes) > 0 {
+			t.Fatalf("re-applying the same state sent %d notifications: %v", len(changes), changes)
+		}
 	})
 }
