@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -160,9 +161,13 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	all, nodes, err := a.clusterNodes()
+	if err != nil {
+		return err
+	}
 	// The tunnel (and strict mode's blackholes) come before the CNI
 	// configuration lets pods start.
-	if err := a.syncEncryptionMode(ctx, self, me); err != nil {
+	if err := a.syncEncryptionMode(ctx, self, me, all, nodes); err != nil {
 		return err
 	}
 	if err := a.writeCNIConfig(me.PodCIDRs, mtu); err != nil {
@@ -179,7 +184,7 @@ func (a *Agent) sync(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := a.syncRoutes(me); err != nil {
+	if err := a.syncRoutes(me, nodes); err != nil {
 		return err
 	}
 	if !a.ready {
@@ -191,7 +196,25 @@ func (a *Agent) sync(ctx context.Context) error {
 	return nil
 }
 
-func (a *Agent) syncRoutes(me routing.Node) error {
+// clusterNodes lists the Nodes and converts each once for routing and
+// encryption (nodes[i] is all[i]), logging the fields left out.
+func (a *Agent) clusterNodes() (all []*corev1.Node, nodes []routing.Node, err error) {
+	all, err = a.nodes.List(labels.Everything())
+	if err != nil {
+		return nil, nil, err
+	}
+	nodes = make([]routing.Node, 0, len(all))
+	for _, n := range all {
+		rn, errs := RoutingNode(n)
+		for _, e := range errs {
+			a.opts.Log.Warn("skipping field of node", "node", e.Node, "field", e.Field, "err", e.Err)
+		}
+		nodes = append(nodes, rn)
+	}
+	return all, nodes, nil
+}
+
+func (a *Agent) syncRoutes(me routing.Node, nodes []routing.Node) error {
 	if a.opts.Routing == bgp.Mode {
 		// BGP installs the routes (agent/bgp.go); host-gw's and VXLAN's
 		// are left from an earlier mode, if any.
@@ -200,21 +223,10 @@ func (a *Agent) syncRoutes(me routing.Node) error {
 		}
 		return nil
 	}
-	all, err := a.nodes.List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	nodes := make([]routing.Node, 0, len(all))
-	for _, n := range all {
-		rn, errs := RoutingNode(n)
-		for _, e := range errs {
-			a.opts.Log.Warn("skipping field of node", "node", e.Node, "field", e.Field, "err", e.Err)
-		}
-		nodes = append(nodes, rn)
-	}
 	cfg := routing.Config{Mode: a.opts.Routing, Self: me}
 	if a.opts.Routing == routing.ModeIPIP && a.opts.IPIPCrossSubnet {
 		cfg.IPIP.CrossSubnet = true
+		var err error
 		if cfg.IPIP.Subnet, err = underlaySubnet(me); err != nil {
 			return err
 		}
@@ -250,6 +262,31 @@ func podMTU(fixed int, mode routing.Mode, encryption string, me routing.Node) (i
 		return 0, err
 	}
 	return link.Attrs().MTU - Overhead(mode, encryption, underlay.Is6()), nil
+}
+
+// Overhead is what the routing mode and encryption add to a pod packet on
+// the underlay of the given family. With WireGuard, pod traffic to a node
+// with a tunnel takes the tunnel and to one without it the routing mode's
+// path, so the larger of the two counts.
+func Overhead(mode routing.Mode, encryption string, ipv6Underlay bool) int {
+	o := 0
+	switch mode {
+	case routing.ModeVXLAN:
+		o = routing.OverheadIPv4
+		if ipv6Underlay {
+			o = routing.OverheadIPv6
+		}
+	case routing.ModeIPIP:
+		o = routing.OverheadIPIP
+	}
+	if encryption == EncryptionWireGuard {
+		w := wireguard.OverheadIPv4
+		if ipv6Underlay {
+			w = wireguard.OverheadIPv6
+		}
+		o = max(o, w)
+	}
+	return o
 }
 
 // underlayAddr is the node's address between nodes: IPv4 when the node

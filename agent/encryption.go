@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/weftnet/weft/routing"
@@ -33,31 +32,6 @@ type EncryptionOptions struct {
 	Port           int
 }
 
-// Overhead is what the routing mode and encryption add to a pod packet on
-// the underlay of the given family. With WireGuard, pod traffic to a node
-// with a tunnel takes the tunnel and to one without it the routing mode's
-// path, so the larger of the two counts.
-func Overhead(mode routing.Mode, encryption string, ipv6Underlay bool) int {
-	o := 0
-	switch mode {
-	case routing.ModeVXLAN:
-		o = routing.OverheadIPv4
-		if ipv6Underlay {
-			o = routing.OverheadIPv6
-		}
-	case routing.ModeIPIP:
-		o = routing.OverheadIPIP
-	}
-	if encryption == EncryptionWireGuard {
-		w := wireguard.OverheadIPv4
-		if ipv6Underlay {
-			w = wireguard.OverheadIPv6
-		}
-		o = max(o, w)
-	}
-	return o
-}
-
 // encryption is the agent's WireGuard side.
 type encryption struct {
 	rec *wireguard.Reconciler
@@ -67,9 +41,9 @@ type encryption struct {
 
 // syncEncryptionMode runs syncEncryption with --encryption wireguard, and
 // otherwise removes, once, a tunnel an earlier configuration left.
-func (a *Agent) syncEncryptionMode(ctx context.Context, self *corev1.Node, me routing.Node) error {
+func (a *Agent) syncEncryptionMode(ctx context.Context, self *corev1.Node, me routing.Node, all []*corev1.Node, nodes []routing.Node) error {
 	if a.opts.Encryption.Mode == EncryptionWireGuard {
-		return a.syncEncryption(ctx, self, me)
+		return a.syncEncryption(ctx, self, me, all, nodes)
 	}
 	if a.plainChecked {
 		return nil
@@ -85,7 +59,7 @@ func (a *Agent) syncEncryptionMode(ctx context.Context, self *corev1.Node, me ro
 // every Node's annotations, and publishes the node's own. The device gets
 // the key before it is published, so that a peer that reads it can
 // handshake at once.
-func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routing.Node) error {
+func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routing.Node, all []*corev1.Node, rnodes []routing.Node) error {
 	underlay, ok := underlayAddr(me)
 	if !ok {
 		return fmt.Errorf("own node %s has no InternalIP", me.Name)
@@ -98,7 +72,7 @@ func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routin
 		mtu := link.Attrs().MTU - Overhead(routing.ModeHostGW, EncryptionWireGuard, underlay.Is6())
 		rec, err := wireguard.NewReconciler(wireguard.Options{MTU: mtu, Impl: a.opts.Encryption.Implementation, Port: a.opts.Encryption.Port,
 			Logf: func(f string, args ...any) {
-				a.opts.Log.Error(fmt.Sprintf(f, args...), "device", wireguard.DefaultDevice)
+				a.opts.Log.Error("userspace WireGuard", "device", wireguard.DefaultDevice, "err", fmt.Sprintf(f, args...))
 			}})
 		if err != nil {
 			return err
@@ -113,14 +87,10 @@ func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routin
 		a.enc.rotateSeen = v
 		a.opts.Log.Info("rotated the WireGuard key on request", "node", me.Name, "publicKey", pub.String(), RotateAnnotation, v)
 	}
-	all, err := a.nodes.List(labels.Everything())
-	if err != nil {
-		return err
-	}
 	nodes := make([]wireguard.Node, 0, len(all))
-	for _, n := range all {
-		rn, _ := RoutingNode(n) // syncRoutes logs bad fields
-		nodes = append(nodes, wireGuardNode(n, rn))
+	for i, n := range all {
+		nodes = append(nodes, wireguard.Node{Name: n.Name, PodCIDRs: rnodes[i].PodCIDRs,
+			PublicKey: n.Annotations[wireguard.PublicKeyAnnotation], Endpoint: n.Annotations[wireguard.EndpointAnnotation]})
 	}
 	cfg := wireguard.Config{Self: wireguard.Node{Name: me.Name, PodCIDRs: me.PodCIDRs}, Strict: a.opts.Encryption.Strict}
 	desired, errs := wireguard.Compute(cfg, nodes)
@@ -137,12 +107,6 @@ func (a *Agent) syncEncryption(ctx context.Context, self *corev1.Node, me routin
 	}
 	a.metrics.setEncryption(a.enc.rec.Implementation(), len(desired.Peers), len(errs))
 	return a.publishWireGuard(ctx, self, netip.AddrPortFrom(underlay, uint16(a.enc.rec.Port())).String())
-}
-
-// wireGuardNode is what encryption reads of a Node.
-func wireGuardNode(n *corev1.Node, rn routing.Node) wireguard.Node {
-	return wireguard.Node{Name: n.Name, PodCIDRs: rn.PodCIDRs,
-		PublicKey: n.Annotations[wireguard.PublicKeyAnnotation], Endpoint: n.Annotations[wireguard.EndpointAnnotation]}
 }
 
 // publishWireGuard puts the node's public key and endpoint on its Node

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -16,6 +17,9 @@ import (
 // DefaultPathMTUPort is where every agent answers path MTU probes (UDP,
 // on the node's addresses).
 const DefaultPathMTUPort = 9877
+
+// pathMTUParallel is how many nodes a round probes at once.
+const pathMTUParallel = 8
 
 // pathMTUInterval is how often the agent measures the paths to the other
 // nodes.
@@ -70,38 +74,51 @@ func (a *Agent) measurePaths(ctx context.Context, port int) {
 		return
 	}
 	linkMTU := link.Attrs().MTU
-	podMTU, err := a.mtu(me)
+	pods, err := a.mtu(me)
 	if err != nil {
 		return
 	}
-	needed := podMTU + Overhead(a.opts.Routing, a.opts.Encryption.Mode, underlay.Is6())
+	needed := pods + Overhead(a.opts.Routing, a.opts.Encryption.Mode, underlay.Is6())
 	a.metrics.pathMTUNeeded.Set(float64(needed))
 	all, err := a.nodes.List(labels.Everything())
 	if err != nil {
 		return
 	}
+	// A few nodes at a time: one that does not answer costs its probes'
+	// waits (about 2 s), which the others need not queue behind.
+	var mu sync.Mutex
 	measured := map[string]bool{}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, pathMTUParallel)
 	for _, n := range all {
-		if n.Name == a.opts.NodeName || ctx.Err() != nil {
-			continue
-		}
 		rn, _ := RoutingNode(n)
 		peer, ok := sameFamilyAddr(rn.InternalIPs, underlay.Is4())
-		if !ok {
+		if n.Name == a.opts.NodeName || !ok {
 			continue
 		}
-		size, err := probePath(ctx, peer, port, linkMTU)
-		if err != nil {
-			a.opts.Log.Warn("path MTU: no answer from the node", "node", n.Name, "address", peer, "err", err)
-			continue
-		}
-		measured[n.Name] = true
-		a.metrics.pathMTU.WithLabelValues(n.Name).Set(float64(size))
-		if size < needed {
-			a.opts.Log.Warn("path MTU: the path to the node carries fewer bytes than pod packets need: lower --mtu, or fix the underlay",
-				"node", n.Name, "pathMTU", size, "needed", needed, "podMTU", podMTU)
+		select {
+		case <-ctx.Done():
+		case slots <- struct{}{}:
+			wg.Add(1)
+			go func() {
+				defer func() { <-slots; wg.Done() }()
+				size, err := probePath(ctx, peer, port, linkMTU)
+				if err != nil {
+					a.opts.Log.Warn("path MTU: no answer from the node", "node", n.Name, "address", peer, "err", err)
+					return
+				}
+				mu.Lock()
+				measured[n.Name] = true
+				mu.Unlock()
+				a.metrics.pathMTU.WithLabelValues(n.Name).Set(float64(size))
+				if size < needed {
+					a.opts.Log.Warn("path MTU: the path to the node carries fewer bytes than pod packets need: lower --mtu, or fix the underlay",
+						"node", n.Name, "pathMTU", size, "needed", needed, "podMTU", pods)
+				}
+			}()
 		}
 	}
+	wg.Wait()
 	a.metrics.dropPathMTU(measured)
 }
 

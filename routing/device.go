@@ -22,13 +22,9 @@ import (
 // not a VXLAN device is not weft's and is left alone.
 func (s *session) ensureDevice(want VXLANDevice) (int, error) {
 	fail := func(err error) (int, error) { return 0, fmt.Errorf("vxlan device %s: %w", want.Name, err) }
-	mtu := want.MTU
-	if mtu == 0 {
-		under, err := s.underlayMTU(want.Local)
-		if err != nil {
-			return fail(err)
-		}
-		mtu = under - overhead(want.Local)
+	mtu, err := s.deviceMTU(want.MTU, want.Local, overhead(want.Local))
+	if err != nil {
+		return fail(err)
 	}
 	l, err := s.h.LinkByName(want.Name)
 	var notFound netlink.LinkNotFoundError
@@ -54,32 +50,25 @@ func (s *session) ensureDevice(want VXLANDevice) (int, error) {
 		v = l.(*netlink.Vxlan)
 	}
 	var errs []error
-	if v.Alias != DeviceAlias {
-		errs = append(errs, wrap("setting alias", s.h.LinkSetAlias(v, DeviceAlias)))
-	}
 	if v.Learning {
 		errs = append(errs, wrap("turning learning off", setLearning(v.Index, false)))
-	}
-	if v.MTU != mtu {
-		errs = append(errs, wrap(fmt.Sprintf("setting mtu %d", mtu), s.h.LinkSetMTU(v, mtu)))
 	}
 	if !bytes.Equal(v.HardwareAddr, want.MAC) {
 		errs = append(errs, wrap("setting mac "+want.MAC.String(), s.h.LinkSetHardwareAddr(v, want.MAC)))
 	}
-	errs = append(errs, s.syncAddrs(v, want.Addrs)...)
-	if v.Flags&net.FlagUp == 0 {
-		errs = append(errs, wrap("setting it up", s.h.LinkSetUp(v)))
-	}
+	errs = append(errs, s.settle(v, mtu, want.Addrs)...)
 	if err := errors.Join(errs...); err != nil {
 		return v.Index, fmt.Errorf("vxlan device %s: %w", want.Name, err)
 	}
 	return v.Index, nil
 }
 
-// createDevice creates the device. Other weft devices go first: a renamed
-// device would clash with its predecessor's VNI, port and local address.
+// createDevice creates the device. Other weft VXLAN devices go first: a
+// renamed device would clash with its predecessor's VNI, port and local
+// address. An IPIP device of an earlier mode goes only once the routes
+// have moved off it (Apply).
 func (s *session) createDevice(want VXLANDevice, mtu int) (netlink.Link, error) {
-	if err := errors.Join(s.deleteDevices(want.Name)...); err != nil {
+	if err := errors.Join(s.deleteDevices(want.Name, true)...); err != nil {
 		return nil, err
 	}
 	attrs := netlink.NewLinkAttrs()
@@ -95,6 +84,37 @@ func (s *session) createDevice(want VXLANDevice, mtu int) (netlink.Link, error) 
 		return nil, fmt.Errorf("creating it: %w", err)
 	}
 	return s.h.LinkByName(want.Name)
+}
+
+// deviceMTU is fixed if set, else the MTU of the underlay link holding
+// local minus the encapsulation's overhead.
+func (s *session) deviceMTU(fixed int, local netip.Addr, overhead int) (int, error) {
+	if fixed != 0 {
+		return fixed, nil
+	}
+	under, err := s.underlayMTU(local)
+	if err != nil {
+		return 0, err
+	}
+	return under - overhead, nil
+}
+
+// settle fixes in place what every weft device must be: marked with
+// DeviceAlias, at mtu, holding exactly addrs, and up.
+func (s *session) settle(l netlink.Link, mtu int, addrs []netip.Prefix) []error {
+	var errs []error
+	a := l.Attrs()
+	if a.Alias != DeviceAlias {
+		errs = append(errs, wrap("setting alias", s.h.LinkSetAlias(l, DeviceAlias)))
+	}
+	if a.MTU != mtu {
+		errs = append(errs, wrap(fmt.Sprintf("setting mtu %d", mtu), s.h.LinkSetMTU(l, mtu)))
+	}
+	errs = append(errs, nlutil.SyncAddrs(s.h, l, addrs)...)
+	if a.Flags&net.FlagUp == 0 {
+		errs = append(errs, wrap("setting it up", s.h.LinkSetUp(l)))
+	}
+	return errs
 }
 
 // underlayMTU is the MTU of the link that holds the local address.
@@ -119,57 +139,14 @@ func (s *session) underlayMTU(local netip.Addr) (int, error) {
 	return 0, fmt.Errorf("no link holds the local address %s: %w", local, ErrMissing)
 }
 
-// syncAddrs gives the device exactly the addresses want, leaving the
-// kernel's link-local ones alone.
-func (s *session) syncAddrs(l netlink.Link, want []netip.Prefix) []error {
-	have, err := nlutil.Dump("addresses of "+l.Attrs().Name, func() ([]netlink.Addr, error) {
-		return s.h.AddrList(l, netlink.FAMILY_ALL)
-	})
-	if err != nil {
-		return []error{err}
-	}
-	wanted := map[netip.Prefix]bool{}
-	for _, p := range want {
-		wanted[p] = true
-	}
-	var errs []error
-	for _, a := range have {
-		ip, _ := netip.AddrFromSlice(a.IP)
-		ones, _ := a.Mask.Size()
-		p := netip.PrefixFrom(ip.Unmap(), ones)
-		switch {
-		case wanted[p]:
-			delete(wanted, p)
-		case ip.IsLinkLocalUnicast():
-		default:
-			errs = append(errs, wrap("deleting address "+p.String(), s.h.AddrDel(l, &a)))
-		}
-	}
-	for _, p := range want {
-		if !wanted[p] {
-			continue
-		}
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
-		if p.Addr().Is6() {
-			a.Flags = unix.IFA_F_NODAD // a single owner by construction; no DAD delay
-		}
-		errs = append(errs, wrap("adding address "+p.String(), s.h.AddrAdd(l, a)))
-	}
-	return errs
-}
-
 // ensureIPIP makes weft's IPIP device match want and returns its index
 // (0 when there is no usable device). A kernel without IPIP tunnels is
 // named in the error.
 func (s *session) ensureIPIP(want IPIPDevice) (int, error) {
 	fail := func(err error) (int, error) { return 0, fmt.Errorf("ipip device %s: %w", want.Name, err) }
-	mtu := want.MTU
-	if mtu == 0 {
-		under, err := s.underlayMTU(want.Local)
-		if err != nil {
-			return fail(err)
-		}
-		mtu = under - OverheadIPIP
+	mtu, err := s.deviceMTU(want.MTU, want.Local, OverheadIPIP)
+	if err != nil {
+		return fail(err)
 	}
 	l, err := s.h.LinkByName(want.Name)
 	var notFound netlink.LinkNotFoundError
@@ -202,26 +179,15 @@ func (s *session) ensureIPIP(want IPIPDevice) (int, error) {
 		}
 		t = l.(*netlink.Iptun)
 	}
-	var errs []error
-	if t.Alias != DeviceAlias {
-		errs = append(errs, wrap("setting alias", s.h.LinkSetAlias(t, DeviceAlias)))
-	}
-	if t.MTU != mtu {
-		errs = append(errs, wrap(fmt.Sprintf("setting mtu %d", mtu), s.h.LinkSetMTU(t, mtu)))
-	}
-	errs = append(errs, s.syncAddrs(t, want.Addrs)...)
-	if t.Flags&net.FlagUp == 0 {
-		errs = append(errs, wrap("setting it up", s.h.LinkSetUp(t)))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(s.settle(t, mtu, want.Addrs)...); err != nil {
 		return t.Index, fmt.Errorf("ipip device %s: %w", want.Name, err)
 	}
 	return t.Index, nil
 }
 
-// deleteDevices deletes weft's VXLAN and IPIP devices except the one named
-// keep.
-func (s *session) deleteDevices(keep string) []error {
+// deleteDevices deletes weft's VXLAN and IPIP devices (with vxlanOnly, its
+// VXLAN devices) except the one named keep.
+func (s *session) deleteDevices(keep string, vxlanOnly bool) []error {
 	links, err := nlutil.Dump("links", s.h.LinkList)
 	if err != nil {
 		return []error{err}
@@ -229,7 +195,11 @@ func (s *session) deleteDevices(keep string) []error {
 	var errs []error
 	for _, l := range links {
 		switch l.(type) {
-		case *netlink.Vxlan, *netlink.Iptun:
+		case *netlink.Vxlan:
+		case *netlink.Iptun:
+			if vxlanOnly {
+				continue
+			}
 		default:
 			continue
 		}

@@ -97,7 +97,7 @@ func (r *Reconciler) Apply(d Desired) error {
 		links[keep] = index
 	}
 	errs = append(errs, s.syncRoutes(d.Routes, links)...)
-	errs = append(errs, s.deleteDevices(keep)...)
+	errs = append(errs, s.deleteDevices(keep, false)...)
 	return errors.Join(errs...)
 }
 
@@ -113,7 +113,7 @@ func (r *Reconciler) Cleanup() error {
 	}
 	defer s.close()
 	errs := s.syncRoutes(nil, nil)
-	errs = append(errs, s.deleteDevices("")...)
+	errs = append(errs, s.deleteDevices("", false)...)
 	return errors.Join(errs...)
 }
 

@@ -125,7 +125,6 @@ func checkDevice(name string) error {
 // anything smaller is a configuration mistake for IPv4 too.
 const minMTU = 1280
 
-// vxlanSettings validates cfg.VXLAN against Self and fills the defaults.
 // ipipSettings is the IPIP device cfg asks for, or why it cannot be.
 func ipipSettings(cfg Config) (IPIPDevice, []NodeError) {
 	v := cfg.IPIP
@@ -153,6 +152,7 @@ func ipipSettings(cfg Config) (IPIPDevice, []NodeError) {
 	return dev, errs
 }
 
+// vxlanSettings validates cfg.VXLAN against Self and fills the defaults.
 func vxlanSettings(cfg Config) (VXLANDevice, []NodeError) {
 	v := cfg.VXLAN
 	dev := VXLANDevice{Name: v.Device, VNI: v.VNI, Port: v.Port, MTU: v.MTU, MAC: cfg.Self.VTEPMAC}

@@ -201,8 +201,9 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 	if f.encryption != agent.EncryptionNone && f.encryption != agent.EncryptionWireGuard {
 		return fmt.Errorf("--encryption: %q is neither %s nor %s", f.encryption, agent.EncryptionNone, agent.EncryptionWireGuard)
 	}
-	if impl := wireguard.Implementation(f.wgImpl); impl != wireguard.Auto && impl != wireguard.Kernel && impl != wireguard.Userspace {
-		return fmt.Errorf("--wireguard-implementation: %q is none of auto, kernel, userspace", f.wgImpl)
+	wgImpl, err := wireguard.ParseImplementation(f.wgImpl)
+	if err != nil {
+		return fmt.Errorf("--wireguard-implementation: %w", err)
 	}
 	if f.pathMTUPort < 0 || f.pathMTUPort > 65535 {
 		return fmt.Errorf("--path-mtu-port: %d is not a port (or 0)", f.pathMTUPort)
@@ -237,7 +238,7 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		NodeName: node, Routing: routing.Mode(mode), IPIPCrossSubnet: f.ipipCrossSubnet, ClusterCIDRs: cidrs, CNIConfDir: f.confDir,
 		IPAMDataDir: f.dataDir, Bridge: f.bridge, MTU: f.mtu, Resync: f.resync, Dataplane: f.dataplane, Log: log,
 		Encryption: agent.EncryptionOptions{Mode: f.encryption, Strict: f.encryptionStrict,
-			Implementation: wireguard.Implementation(f.wgImpl), Port: f.wgPort},
+			Implementation: wgImpl, Port: f.wgPort},
 		PathMTUPort: f.pathMTUPort,
 	})
 	var p *proxy.Proxier

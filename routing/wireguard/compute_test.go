@@ -109,3 +109,35 @@ func TestComputeIsOrderIndependent(t *testing.T) {
 		t.Fatalf("order changed the result:\n%v %v\n%v %v", d1, e1, d2, e2)
 	}
 }
+
+// TestPeerChanges: a resync writes only new or changed peers and removes
+// the ones no longer wanted; the same peers in another order, or an
+// endpoint the kernel reports IPv4-mapped, are no change.
+func TestPeerChanges(t *testing.T) {
+	k := func() wgtypes.Key {
+		key, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return key.PublicKey()
+	}
+	a, b, c, d := k(), k(), k(), k()
+	ep := netip.MustParseAddrPort
+	have := []wireguard.Peer{
+		{PublicKey: a, Endpoint: ep("[::ffff:192.168.0.1]:51822"), AllowedIPs: []netip.Prefix{pfx("fd00::/64"), pfx("10.244.1.0/24")}},
+		{PublicKey: b, Endpoint: ep("192.168.0.2:51822"), AllowedIPs: []netip.Prefix{pfx("10.244.2.0/24")}},
+		{PublicKey: c, Endpoint: ep("192.168.0.3:51822"), AllowedIPs: []netip.Prefix{pfx("10.244.3.0/24")}},
+	}
+	want := []wireguard.Peer{
+		{PublicKey: a, Endpoint: ep("192.168.0.1:51822"), AllowedIPs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("fd00::/64")}},
+		{PublicKey: b, Endpoint: ep("192.168.0.22:51822"), AllowedIPs: []netip.Prefix{pfx("10.244.2.0/24")}},
+		{PublicKey: d, Endpoint: ep("192.168.0.4:51822"), AllowedIPs: []netip.Prefix{pfx("10.244.4.0/24")}},
+	}
+	remove, upsert := wireguard.PeerChanges(have, want)
+	if !slices.Equal(remove, []wgtypes.Key{c}) || len(upsert) != 2 || upsert[0].PublicKey != b || upsert[1].PublicKey != d {
+		t.Fatalf("remove %v, upsert %v: want c removed, b (new endpoint) and d (new) written", remove, upsert)
+	}
+	if remove, upsert := wireguard.PeerChanges(want, want); len(remove) != 0 || len(upsert) != 0 {
+		t.Fatalf("no change: remove %v, upsert %v", remove, upsert)
+	}
+}

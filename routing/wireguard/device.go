@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 
@@ -32,13 +33,24 @@ const (
 	Userspace Implementation = "userspace"
 )
 
+// ParseImplementation reads an implementation's name ("" is Auto).
+func ParseImplementation(s string) (Implementation, error) {
+	switch impl := Implementation(s); impl {
+	case "":
+		return Auto, nil
+	case Auto, Kernel, Userspace:
+		return impl, nil
+	}
+	return "", fmt.Errorf("wireguard implementation %q: want auto, kernel or userspace", s)
+}
+
 // device is one running WireGuard device, whichever implementation.
 type device interface {
 	impl() Implementation
 	// configure sets the private key and listen port.
 	configure(key wgtypes.Key, port int) error
-	// peers lists the configured peers' public keys.
-	peers() ([]wgtypes.Key, error)
+	// peers lists the configured peers: key, endpoint, allowed IPs.
+	peers() ([]Peer, error)
 	// setPeers removes peers and adds or updates others, leaving the
 	// sessions of updated ones alone.
 	setPeers(remove []wgtypes.Key, upsert []Peer) error
@@ -133,16 +145,25 @@ func (d *kernelDevice) configure(key wgtypes.Key, port int) error {
 	return d.client.ConfigureDevice(d.name, wgtypes.Config{PrivateKey: &key, ListenPort: &port})
 }
 
-func (d *kernelDevice) peers() ([]wgtypes.Key, error) {
+func (d *kernelDevice) peers() ([]Peer, error) {
 	dev, err := d.client.Device(d.name)
 	if err != nil {
 		return nil, err
 	}
-	keys := make([]wgtypes.Key, 0, len(dev.Peers))
+	out := make([]Peer, 0, len(dev.Peers))
 	for _, p := range dev.Peers {
-		keys = append(keys, p.PublicKey)
+		peer := Peer{PublicKey: p.PublicKey}
+		if p.Endpoint != nil {
+			peer.Endpoint = p.Endpoint.AddrPort()
+		}
+		for _, n := range p.AllowedIPs {
+			a, _ := netip.AddrFromSlice(n.IP)
+			ones, _ := n.Mask.Size()
+			peer.AllowedIPs = append(peer.AllowedIPs, netip.PrefixFrom(a.Unmap(), ones))
+		}
+		out = append(out, peer)
 	}
-	return keys, nil
+	return out, nil
 }
 
 func (d *kernelDevice) setPeers(remove []wgtypes.Key, upsert []Peer) error {
@@ -200,25 +221,38 @@ func (d *userspaceDevice) configure(key wgtypes.Key, port int) error {
 	return d.dev.IpcSet(fmt.Sprintf("private_key=%s\nlisten_port=%d\n", hex.EncodeToString(key[:]), port))
 }
 
-func (d *userspaceDevice) peers() ([]wgtypes.Key, error) {
+func (d *userspaceDevice) peers() ([]Peer, error) {
 	out, err := d.dev.IpcGet()
 	if err != nil {
 		return nil, err
 	}
-	var keys []wgtypes.Key
+	// The UAPI's get: a public_key line opens each peer, its endpoint and
+	// allowed_ip lines follow.
+	var peers []Peer
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
-		v, ok := strings.CutPrefix(sc.Text(), "public_key=")
-		if !ok {
-			continue
+		k, v, _ := strings.Cut(sc.Text(), "=")
+		var err error
+		switch {
+		case k == "public_key":
+			b, herr := hex.DecodeString(v)
+			if herr != nil || len(b) != wgtypes.KeyLen {
+				return nil, fmt.Errorf("reading the device's peers: bad key %q", v)
+			}
+			peers = append(peers, Peer{PublicKey: wgtypes.Key(b)})
+		case len(peers) == 0:
+		case k == "endpoint":
+			peers[len(peers)-1].Endpoint, err = netip.ParseAddrPort(v)
+		case k == "allowed_ip":
+			var p netip.Prefix
+			p, err = netip.ParsePrefix(v)
+			peers[len(peers)-1].AllowedIPs = append(peers[len(peers)-1].AllowedIPs, p)
 		}
-		b, err := hex.DecodeString(v)
-		if err != nil || len(b) != wgtypes.KeyLen {
-			return nil, fmt.Errorf("reading the device's peers: bad key %q", v)
+		if err != nil {
+			return nil, fmt.Errorf("reading the device's peers: %s=%q: %w", k, v, err)
 		}
-		keys = append(keys, wgtypes.Key(b))
 	}
-	return keys, nil
+	return peers, nil
 }
 
 func (d *userspaceDevice) setPeers(remove []wgtypes.Key, upsert []Peer) error {

@@ -47,17 +47,14 @@ func NewReconciler(o Options) (*Reconciler, error) {
 	if o.Port == 0 {
 		o.Port = DefaultPort
 	}
-	if o.Impl == "" {
-		o.Impl = Auto
-	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
-	switch o.Impl {
-	case Auto, Kernel, Userspace:
-	default:
-		return nil, fmt.Errorf("wireguard implementation %q: want auto, kernel or userspace", o.Impl)
+	impl, err := ParseImplementation(string(o.Impl))
+	if err != nil {
+		return nil, err
 	}
+	o.Impl = impl
 	if o.MTU < 1280 {
 		return nil, fmt.Errorf("wireguard device MTU %d: below IPv6's minimum, 1280", o.MTU)
 	}
@@ -135,21 +132,56 @@ func (r *Reconciler) Apply(d Desired) error {
 	return errors.Join(errs...)
 }
 
+// applyPeers removes the peers not wanted and writes only those that are
+// new or differ: a resync rewrites nothing.
 func (r *Reconciler) applyPeers(want []Peer) error {
 	have, err := r.dev.peers()
 	if err != nil {
 		return fmt.Errorf("listing peers of %s: %w", r.opts.Device, err)
 	}
-	var remove []wgtypes.Key
-	for _, k := range have {
-		if !slices.ContainsFunc(want, func(p Peer) bool { return p.PublicKey == k }) {
-			remove = append(remove, k)
-		}
+	remove, upsert := PeerChanges(have, want)
+	if len(remove) == 0 && len(upsert) == 0 {
+		return nil
 	}
-	if err := r.dev.setPeers(remove, want); err != nil {
+	if err := r.dev.setPeers(remove, upsert); err != nil {
 		return fmt.Errorf("peers of %s: %w", r.opts.Device, err)
 	}
 	return nil
+}
+
+// PeerChanges is what turns the device's peers have into want: the keys to
+// remove, and the peers that are new or differ in endpoint or allowed IPs
+// (in want's order).
+func PeerChanges(have, want []Peer) (remove []wgtypes.Key, upsert []Peer) {
+	byKey := map[wgtypes.Key]Peer{}
+	for _, p := range have {
+		byKey[p.PublicKey] = p
+	}
+	for _, p := range want {
+		cur, ok := byKey[p.PublicKey]
+		delete(byKey, p.PublicKey)
+		curEP := netip.AddrPortFrom(cur.Endpoint.Addr().Unmap(), cur.Endpoint.Port())
+		if !ok || curEP != p.Endpoint || !slices.Equal(sortedPrefixes(cur.AllowedIPs), sortedPrefixes(p.AllowedIPs)) {
+			upsert = append(upsert, p)
+		}
+	}
+	for _, p := range have {
+		if _, gone := byKey[p.PublicKey]; gone {
+			remove = append(remove, p.PublicKey)
+		}
+	}
+	return remove, upsert
+}
+
+func sortedPrefixes(ps []netip.Prefix) []netip.Prefix {
+	out := slices.Clone(ps)
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
 }
 
 // applyKernel runs in the node's namespace: the link's MTU, state and
@@ -170,39 +202,9 @@ func (r *Reconciler) applyKernel(d Desired) error {
 			errs = append(errs, fmt.Errorf("setting %s up: %w", r.opts.Device, err))
 		}
 	}
-	errs = append(errs, applyAddrs(link, d.Addrs))
+	errs = append(errs, nlutil.SyncAddrs(&netlink.Handle{}, link, d.Addrs)...)
 	errs = append(errs, ensureRules())
 	errs = append(errs, applyRoutes(link.Attrs().Index, d.Routes))
-	return errors.Join(errs...)
-}
-
-func applyAddrs(link netlink.Link, want []netip.Prefix) error {
-	have, err := nlutil.Dump("addresses", func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_ALL) })
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, a := range have {
-		p := toPrefix(a.IPNet)
-		if p.Addr().IsLinkLocalUnicast() || slices.Contains(want, p) {
-			continue
-		}
-		if err := netlink.AddrDel(link, &a); err != nil {
-			errs = append(errs, fmt.Errorf("removing address %s: %w", p, err))
-		}
-	}
-	for _, p := range want {
-		if slices.ContainsFunc(have, func(a netlink.Addr) bool { return toPrefix(a.IPNet) == p }) {
-			continue
-		}
-		a := &netlink.Addr{IPNet: toIPNet(p)}
-		if p.Addr().Is6() {
-			a.Flags = unix.IFA_F_NODAD
-		}
-		if err := netlink.AddrAdd(link, a); err != nil {
-			errs = append(errs, fmt.Errorf("address %s on %s: %w", p, link.Attrs().Name, err))
-		}
-	}
 	return errors.Join(errs...)
 }
 
@@ -236,7 +238,7 @@ func ensureRules() error {
 
 // toRoute is r in netlink's terms.
 func toRoute(r Route, link int) *netlink.Route {
-	nr := &netlink.Route{Dst: toIPNet(r.Dst), Table: Table, Protocol: RouteProtocol, Family: family(r.Dst.Addr())}
+	nr := &netlink.Route{Dst: nlutil.IPNet(r.Dst), Table: Table, Protocol: RouteProtocol, Family: family(r.Dst.Addr())}
 	if r.Blackhole {
 		nr.Type, nr.Priority = unix.RTN_BLACKHOLE, StrictMetric
 		return nr
@@ -274,7 +276,7 @@ func applyRoutes(link int, want []Route) error {
 	var errs []error
 	haveBy := map[routeKey]netlink.Route{}
 	for _, nr := range have {
-		k := routeKey{toPrefix(nr.Dst), nr.Type == unix.RTN_BLACKHOLE}
+		k := routeKey{nlutil.RouteDst(nr), nr.Type == unix.RTN_BLACKHOLE}
 		w, ok := wantBy[k]
 		if _, dup := haveBy[k]; !ok || dup {
 			if err := netlink.RouteDel(&nr); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -354,17 +356,4 @@ func Cleanup(device string, in Runner) error {
 		errs = append(errs, deleteLink(device))
 		return errors.Join(errs...)
 	})
-}
-
-func toIPNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-func toPrefix(n *net.IPNet) netip.Prefix {
-	if n == nil {
-		return netip.Prefix{}
-	}
-	a, _ := netip.AddrFromSlice(n.IP)
-	bits, _ := n.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), bits)
 }
