@@ -85,6 +85,10 @@ type Backend struct {
 	lru        lruCounts
 	// lbWarned: the maps the writer fills reported nearly full.
 	lbWarned map[string]bool
+	// grace and ret: the grace periods between a sync and the deletion of
+	// what it retired (grace.go).
+	grace *graceWaiter
+	ret   retirement
 }
 
 // New checks that the kernel and the configured paths support the
@@ -174,6 +178,11 @@ func isFS(path string, magic int64) error {
 func (b *Backend) Sync(st model.State, full bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// What the last sync retired goes first: this sync may rewrite the
+	// halves its readers used.
+	if err := b.settle(); err != nil {
+		b.cfg.Log.Warn("after a grace period of the eBPF programs", "err", err)
+	}
 	first := !b.synced
 	applied := false
 	var applyErr error
@@ -228,13 +237,15 @@ func (b *Backend) Sync(st model.State, full bool) error {
 		return fmt.Errorf("syncing ebpf maps: %w", applyErr)
 	}
 	b.failed = false
-	return b.terminateUDP()
+	b.startGrace()
+	return nil
 }
 
 // terminateUDP destroys the connected UDP sockets of backends the sync
 // removed from their frontends, now that the frontends hold the new
-// lists (a client opening a new socket gets one of them). Pairs whose
-// termination failed are tried again by the next sync.
+// lists (a client opening a new socket gets one of them) and the grace
+// period after it is over. Pairs whose termination failed are tried again
+// after the next sync.
 func (b *Backend) terminateUDP() error {
 	if len(b.w.stale) == 0 {
 		return nil
@@ -354,6 +365,14 @@ func (b *Backend) prepare() error {
 	npSpec, err := loadNodeport()
 	if err != nil {
 		return err
+	}
+	if b.grace == nil {
+		if b.grace, err = newGraceWaiter(); err != nil {
+			return err
+		}
+		if b.ret.wait == nil {
+			b.ret.wait = b.grace.wait
+		}
 	}
 	caps := LBCapacities(b.cfg.LBMax)
 	sizeLB(sockSpec, caps)
@@ -489,6 +508,13 @@ func (b *Backend) Close() {
 // release closes the backend's programs, maps and links and stops the
 // pressure watch; what is pinned stays. b.mu is held.
 func (b *Backend) release() {
+	if err := b.settle(); err != nil {
+		b.cfg.Log.Warn("after a grace period of the eBPF programs", "err", err)
+	}
+	if b.grace != nil {
+		b.grace.close()
+		b.grace = nil
+	}
 	for _, l := range b.links {
 		_ = l.Close()
 	}

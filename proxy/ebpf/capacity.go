@@ -118,7 +118,7 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey, full bo
 		freed[id] = true
 	}
 	return applyPlan{
-		need: map[string]int{"weft_services": services, "weft_backends": len(w.backendAddr) - len(freed) + len(added),
+		need: map[string]int{"weft_services": services, "weft_backends": len(w.backendAddr) + len(w.retired) - len(freed) + len(added),
 			"weft_affinity_members": members, "weft_src_ranges": ranges, "weft_maglev": tables},
 		freed: freed,
 	}

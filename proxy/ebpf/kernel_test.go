@@ -38,7 +38,12 @@ func TestMapWrites(t *testing.T) {
 		n.Svcs = append(n.Svcs, proxytest.Service(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.1.%d", i+1), nil))
 		n.Slices = append(n.Slices, proxytest.Slice(fmt.Sprintf("s%d", i), n.Local("a")))
 	}
-	stats := func() weftebpf.Stats { n.Sync(); return n.Backend.(*weftebpf.Backend).LastStats() }
+	settle := func() {
+		if err := n.Backend.(*weftebpf.Backend).Settle(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := func() weftebpf.Stats { n.Sync(); settle(); return n.Backend.(*weftebpf.Backend).LastStats() }
 	if st := stats(); st.Frontends != 40 || st.BackendsAdded != 2 {
 		t.Fatalf("first sync: %+v, want 40 frontends (20 services x 2 ports) and a's 2 backends", st)
 	}
@@ -63,6 +68,7 @@ func TestMapWrites(t *testing.T) {
 	// A Service losing its endpoints keeps its frontends, now refusing.
 	n.Slices = nil
 	n.Sync()
+	settle()
 	if _, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.1.1/"); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("s0 without endpoints: %v, want connection refused", err)
 	}

@@ -54,6 +54,9 @@ type writer struct {
 	orphans     []sockSvcKey    // slots without a master entry, found by load
 	refs        map[uint32]int  // active lists naming each backend
 	unused      map[uint32]bool // backends whose count fell to 0 this sync
+	// retired are backends marked BACKEND_GONE, to delete after a grace
+	// period (grace.go).
+	retired []uint32
 	// stale are the backends removed from UDP frontends of the socket
 	// programs whose connected sockets are still to be terminated.
 	stale []staleUDP
@@ -101,9 +104,13 @@ func (w *writer) load() error {
 	var id uint32
 	it := w.backends.Iterate()
 	for it.Next(&id, &k) {
+		w.nextBackend = max(w.nextBackend, id)
+		if k.Flags&backendGone != 0 {
+			w.retired = append(w.retired, id) // by a process that stopped before its grace period ended
+			continue
+		}
 		ap := netip.AddrPortFrom(fromWords(k.Addr), ntohs(k.Port))
 		w.backendID[ap], w.backendAddr[id] = id, ap
-		w.nextBackend = max(w.nextBackend, id)
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("reading the backends map: %w", err)
@@ -233,7 +240,7 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 			}
 		}
 	}
-	if err := w.collect(w.unused); err != nil {
+	if err := w.retire(w.unused); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -618,6 +625,77 @@ func (w *writer) ref(old, new []uint32) {
 	}
 }
 
+// backendGone is bpf/lb.h's BACKEND_GONE.
+const backendGone = 1
+
+// retire marks the backends of ids that no active list uses any more
+// BACKEND_GONE, to be deleted after a grace period (grace.go): the
+// backends the lists rewritten by this sync left. The writer forgets
+// them at once, so that an endpoint coming back gets a new entry.
+func (w *writer) retire(ids map[uint32]bool) error {
+	var keys []uint32
+	var vals []sockBackend
+	for id := range ids {
+		if w.refs[id] > 0 {
+			delete(w.unused, id)
+			continue
+		}
+		ap := w.backendAddr[id]
+		keys = append(keys, id)
+		vals = append(vals, sockBackend{Addr: toWords(ap.Addr()), Port: htons(ap.Port()), Flags: backendGone})
+	}
+	var errs []error
+	for len(keys) > 0 {
+		n := min(len(keys), backendBatch)
+		done, err := w.backends.BatchUpdate(keys[:n], vals[:n], nil)
+		if err == nil {
+			done = n
+		}
+		for i := range n {
+			// One by one what a failed batch left; a backend that
+			// cannot be marked is deleted now.
+			if i >= done {
+				if err := w.backends.Update(keys[i], vals[i], ebpf.UpdateAny); err != nil {
+					if err := w.backends.Delete(keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+						errs = append(errs, fmt.Errorf("retiring backend %s: %w", w.backendAddr[keys[i]], err))
+						continue
+					}
+					w.forget(keys[i])
+					continue
+				}
+			}
+			w.retired = append(w.retired, keys[i])
+			w.forget(keys[i])
+		}
+		keys, vals = keys[n:], vals[n:]
+	}
+	return errors.Join(errs...)
+}
+
+// forget drops backend id from what the writer remembers.
+func (w *writer) forget(id uint32) {
+	ap := w.backendAddr[id]
+	delete(w.unused, id)
+	delete(w.backendAddr, id)
+	delete(w.backendID, ap)
+	w.Stats.BackendsRemoved++
+}
+
+// dropRetired deletes the retired backends (after a grace period); those
+// it cannot delete stay retired.
+func (w *writer) dropRetired() error {
+	var errs []error
+	var left []uint32
+	for _, id := range w.retired {
+		if err := w.backends.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("deleting retired backend %d: %w", id, err))
+			left = append(left, id)
+		}
+	}
+	w.retired = left
+	return errors.Join(errs...)
+}
+
 // collect deletes the backends of ids that no active list uses any more.
 func (w *writer) collect(ids map[uint32]bool) error {
 	var errs []error
@@ -626,15 +704,11 @@ func (w *writer) collect(ids map[uint32]bool) error {
 			delete(w.unused, id)
 			continue
 		}
-		ap := w.backendAddr[id]
 		if err := w.backends.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("deleting backend %s: %w", ap, err))
+			errs = append(errs, fmt.Errorf("deleting backend %s: %w", w.backendAddr[id], err))
 			continue
 		}
-		delete(w.unused, id)
-		delete(w.backendAddr, id)
-		delete(w.backendID, ap)
-		w.Stats.BackendsRemoved++
+		w.forget(id)
 	}
 	return errors.Join(errs...)
 }

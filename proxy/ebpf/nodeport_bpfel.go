@@ -20,10 +20,10 @@ type nodeportAffinityMember struct {
 }
 
 type nodeportBackend struct {
-	_    structs.HostLayout
-	Addr [4]uint32
-	Port uint16
-	Pad  uint16
+	_     structs.HostLayout
+	Addr  [4]uint32
+	Port  uint16
+	Flags uint16
 }
 
 type nodeportBridgePort struct {

@@ -66,7 +66,7 @@ func newTCEnv(t *testing.T) *tcEnv {
 }
 
 // program writes the frontends (all of them: the maps end up holding
-// exactly these).
+// these, and the backends it retired, marked, until dropRetired).
 func (e *tcEnv) program(fronts map[FrontendKey]Frontend) {
 	e.t.Helper()
 	if err := e.w.apply(fronts, nil, true); err != nil {

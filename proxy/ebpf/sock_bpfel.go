@@ -34,10 +34,10 @@ type sockAffinityValue struct {
 }
 
 type sockBackend struct {
-	_    structs.HostLayout
-	Addr [4]uint32
-	Port uint16
-	Pad  uint16
+	_     structs.HostLayout
+	Addr  [4]uint32
+	Port  uint16
+	Flags uint16
 }
 
 type sockRevnatKey struct {

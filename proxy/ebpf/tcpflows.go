@@ -109,16 +109,20 @@ func (f *tcpFlowFinder) findChunk(backends []netip.AddrPort) ([]Flow, error) {
 // its per-packet programs translated from outside (weft_ct, which holds
 // no TCP state: open ones, and closed ones the LRU map has not evicted).
 // The backend's lock is held only to take the map and the finder: a sync
-// does not wait for the reading.
+// does not wait for the reading. It first waits for the grace period
+// after the last sync (grace.go), so that a socket a program connected
+// while reading the lists that sync replaced is found too.
 func (b *Backend) TCPFlows(backends []netip.AddrPort) ([]Flow, error) {
 	b.mu.Lock()
 	if b.np == nil {
 		b.mu.Unlock()
 		return nil, nil
 	}
+	over := b.graceOver()
 	ct, err := b.np.WeftCt.Clone()
 	finder := b.tcp
 	b.mu.Unlock()
+	<-over
 	if err != nil {
 		return nil, fmt.Errorf("weft_ct: %w", err)
 	}

@@ -72,6 +72,10 @@ func TestUDPTermination(t *testing.T) {
 	}
 	n.Slices[0] = proxytest.UDPSlice("dns", n.Pods["b"].IP.String())
 	n.Sync()
+	// The sockets are terminated after the grace period that follows.
+	if err := n.Backend.(*weftebpf.Backend).Settle(); err != nil {
+		t.Fatal(err)
+	}
 	if got := n.Backend.(*weftebpf.Backend).LastStats().UDPSocketsTerminated; got != 2 {
 		t.Errorf("%d sockets terminated, want 2 (dns's from the pod and from the node)", got)
 	}

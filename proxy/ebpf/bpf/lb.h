@@ -15,7 +15,12 @@
 //     half*SLOT_HALF+count. An update writes the other half, then the
 //     master entry with the new count and half, so a reader sees the old
 //     list or the new one, never a mix.
-//   backends: backend id -> address and port.
+//   backends: backend id -> address, port and flags. A backend that left
+//     every list is first marked BACKEND_GONE, and deleted only once every
+//     program that could have read a list naming it has returned (a grace
+//     period, proxy/ebpf's retire): a socket program that read a master
+//     entry just before its update still finds the backend of the old
+//     list. The per-packet programs treat a marked backend as gone.
 //   affinity_members: (frontend id, backend id) for the active backends of
 //     frontends with ClientIP affinity: a remembered backend (sock.c's
 //     affinity, nodeport.c's ext_affinity) that left the frontend's list
@@ -42,6 +47,9 @@
 #define SVC_SNAT 4   // external: the source becomes the node's (eTP Cluster)
 #define SVC_RANGES 8 // external: only sources in the frontend's ranges
 
+// Backend flags.
+#define BACKEND_GONE 1 // in no active list: deleted after a grace period
+
 struct svc_key {
 	__u32 addr[4];
 	__u16 port; // network byte order
@@ -62,8 +70,8 @@ struct svc_value {
 
 struct backend {
 	__u32 addr[4];
-	__u16 port; // network byte order
-	__u16 pad;
+	__u16 port;  // network byte order
+	__u16 flags; // BACKEND_*
 };
 
 struct {

@@ -517,7 +517,7 @@ static __always_inline int balance(struct pkt *p, struct ct_value *ct)
 		}
 	}
 	be = bpf_map_lookup_elem(&weft_backends, &ct->backend_id);
-	if (!be)
+	if (!be || be->flags & BACKEND_GONE)
 		return TC_ACT_SHOT;
 	copy_addr(ct->baddr, be->addr);
 	ct->bport = be->port;
@@ -556,7 +556,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 	if (cur) {
 		struct backend *be = bpf_map_lookup_elem(&weft_backends, &cur->backend_id);
 		ct = *cur;
-		if (!be || be->port != ct.bport || !same_addr(be->addr, ct.baddr))
+		if (!be || be->flags & BACKEND_GONE || be->port != ct.bport || !same_addr(be->addr, ct.baddr))
 			// The backend is gone: balance the flow again.
 			cur = 0;
 	}

@@ -96,6 +96,9 @@ static __always_inline struct backend *pick(struct bpf_sock_addr *ctx, struct sv
 	if (!slot)
 		return 0;
 	*id = slot->backend_id;
+	// A backend marked BACKEND_GONE is used as it is: only a program that
+	// read m before its update reaches one (lb.h), and the socket it
+	// connects is one the resets after the grace period find.
 	struct backend *be = bpf_map_lookup_elem(&weft_backends, id);
 	if (be && m->affinity_timeout) {
 		struct affinity_value nv = {.last_ns = now, .backend_id = *id};
