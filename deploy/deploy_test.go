@@ -187,12 +187,12 @@ func checkAgent(t *testing.T, objs []runtime.Object, flags map[string]bool) {
 // agentCaps are the capabilities weft-agent's container holds in each
 // kustomization, and no more (docs/deploy.md says why each).
 var agentCaps = map[string][]string{
-	".":                  {"NET_ADMIN", "NET_RAW"},
+	".":                  {"BPF", "NET_ADMIN", "NET_RAW"},
 	"overlays/cni-only":  {"NET_ADMIN", "NET_RAW"},
-	"overlays/nftables":  {"NET_ADMIN"},
+	"overlays/nftables":  {"BPF", "NET_ADMIN"},
 	"overlays/ebpf":      {"BPF", "NET_ADMIN", "NET_RAW", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"},
-	"overlays/bgp":       {"NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"},
-	"overlays/wireguard": {"NET_ADMIN", "NET_RAW"},
+	"overlays/bgp":       {"BPF", "NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"},
+	"overlays/wireguard": {"BPF", "NET_ADMIN", "NET_RAW"},
 }
 
 // checkAgentSecurity: the only privileged container of the DaemonSet is

@@ -73,12 +73,14 @@ func (o Options) nodeCgroup(node string) string {
 func cgroupDir(dir string) string { return filepath.Join(dir, "cgroup2") }
 func bpffsDir(dir string) string  { return filepath.Join(dir, "bpffs") }
 
-// prepareProxyMode makes the nodes' cgroups, and for eBPF the bpffs.
+// NodeBPFFS is where node's bpffs is (mounted by the lab in its directory
+// dir, and bound over /sys/fs/bpf in the node's mount namespace).
+func NodeBPFFS(dir, node string) string { return filepath.Join(bpffsDir(dir), node) }
+
+// prepareProxyMode makes the nodes' cgroups and the bpffs (in every
+// mode: a lab switched out of eBPF mode keeps its nodes' pins there).
 func prepareProxyMode(o Options, nodes []Member) error {
-	mounts := map[string]string{"cgroup2": cgroupDir(o.Dir)}
-	if o.ProxyMode == "ebpf" {
-		mounts["bpf"] = bpffsDir(o.Dir)
-	}
+	mounts := map[string]string{"cgroup2": cgroupDir(o.Dir), "bpf": bpffsDir(o.Dir)}
 	for fstype, dir := range mounts {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err

@@ -64,8 +64,9 @@ type nodeBind struct {
 }
 
 // nodeBinds are the binds of a node's mount namespace: the paths its
-// pods' hostPath volumes name (deploy/'s DaemonSet), the kubelet's, and in
-// the eBPF mode the bpffs.
+// pods' hostPath volumes name (deploy/'s DaemonSet), the kubelet's, and
+// the node's own bpffs directory (in every mode: the agent of any mode
+// looks there for what an eBPF mode left, never at the machine's).
 func (o Options) nodeBinds(node string) []nodeBind {
 	root := NodeRoot(o.Dir, node)
 	var b []nodeBind
@@ -78,10 +79,7 @@ func (o Options) nodeBinds(node string) []nodeBind {
 	for _, p := range []string{"/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/run/containerd"} {
 		b = append(b, nodeBind{Target: p, Source: filepath.Join(root, p)})
 	}
-	if o.ProxyMode == "ebpf" {
-		b = append(b, nodeBind{Target: "/sys/fs/bpf", Source: filepath.Join(bpffsDir(o.Dir), node)})
-	}
-	return b
+	return append(b, nodeBind{Target: "/sys/fs/bpf", Source: NodeBPFFS(o.Dir, node)})
 }
 
 // MachinePaths are the machine's paths a lab's nodes bind their own
@@ -322,10 +320,8 @@ func prepareNode(o Options, n Member) error {
 			return err
 		}
 	}
-	if o.ProxyMode == "ebpf" {
-		if err := os.MkdirAll(filepath.Join(bpffsDir(o.Dir), n.Name), 0o700); err != nil {
-			return err
-		}
+	if err := os.MkdirAll(NodeBPFFS(o.Dir, n.Name), 0o700); err != nil {
+		return err
 	}
 	files := map[string]string{
 		"etc/containerd/config.toml":  o.containerdConfig(n.Name),

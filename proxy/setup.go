@@ -207,7 +207,7 @@ func takeOver(ctx context.Context, c Config) error {
 		other := c
 		other.Mode, other.HealthCheckPorts = m, false
 		if m == "ebpf" {
-			eb, err := newEBPF(other)
+			eb, err := ebpf.Retiring(ebpfConfig(other, ""))
 			if err == nil {
 				var since time.Time
 				if since, err = eb.Retire(); err == nil {
@@ -287,19 +287,26 @@ func leftBehind(m string, c Config) bool {
 
 // newEBPF builds the eBPF backend, filling in the default paths.
 func newEBPF(c Config) (*ebpf.Backend, error) {
-	root, pin := c.CgroupRoot, c.BPFPinPath
+	root := c.CgroupRoot
 	if root == "" {
 		var err error
 		if root, err = ebpf.CgroupV2Mount(); err != nil {
 			return nil, fmt.Errorf("--cgroup-root: %w", err)
 		}
 	}
+	return ebpf.New(ebpfConfig(c, root))
+}
+
+// ebpfConfig is the eBPF backend's configuration of c, with the cgroup
+// root given and the default pin path.
+func ebpfConfig(c Config, cgroupRoot string) ebpf.Config {
+	pin := c.BPFPinPath
 	if pin == "" {
 		pin = ebpf.DefaultPinPath
 	}
-	return ebpf.New(ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: root, PinPath: pin,
+	return ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: cgroupRoot, PinPath: pin,
 		Devices: c.BPFDevices, Families: c.Families(), MasqueradeBit: c.MasqueradeBit, IPTablesVariant: c.IPTablesVariant,
-		CTMax: c.BPFCTMax, LBMax: c.BPFLBMax, Log: c.Log})
+		CTMax: c.BPFCTMax, LBMax: c.BPFLBMax, Log: c.Log}
 }
 
 // ebpfFlows are the TCP connections the eBPF backend translated to gone

@@ -110,6 +110,23 @@ func New(cfg Config) (*Backend, error) {
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
+	return newBackend(cfg), nil
+}
+
+// Retiring returns a backend for what the eBPF mode left pinned under
+// cfg.PinPath, for another mode to retire and remove it (Retire, Drained,
+// Cleanup; it must not Sync). It checks only that the pin path is on a
+// bpffs: retiring needs the pins, CAP_BPF and CAP_NET_ADMIN, none of the
+// eBPF mode's other mounts and capabilities, so the base DaemonSet's
+// agent leaves the eBPF mode in one rollout (docs/deploy.md).
+func Retiring(cfg Config) (*Backend, error) {
+	if err := isFS(filepath.Dir(cfg.PinPath), unix.BPF_FS_MAGIC); err != nil {
+		return nil, fmt.Errorf("--bpf-pin-path %s: not in a bpffs mount: %w", cfg.PinPath, err)
+	}
+	return newBackend(cfg), nil
+}
+
+func newBackend(cfg Config) *Backend {
 	if len(cfg.Families) == 0 {
 		cfg.Families = []int{4}
 	}
@@ -117,7 +134,7 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Log = slog.Default()
 	}
 	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant},
-		reattached: map[string]int{}, lbWarned: map[string]bool{}}, nil
+		reattached: map[string]int{}, lbWarned: map[string]bool{}}
 }
 
 // Probe returns an error naming the first thing the backend needs that

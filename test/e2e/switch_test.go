@@ -2,9 +2,14 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,14 +23,18 @@ import (
 )
 
 // TestProxyModeSwitch switches the proxy mode of a running eBPF lab by
-// its agents' ConfigMap, as docs/deploy.md says (the eBPF overlay, whose
-// agents can see and retire the eBPF mode's pins): through every pair of
+// its agents' ConfigMap, as docs/deploy.md says: through every pair of
 // the three modes each way (eBPF to nftables, to iptables, to nftables,
-// to eBPF, to iptables, to eBPF), each a rolling update. A pod's connection
-// through a ClusterIP, a connection from outside to a NodePort and a
-// pod-to-pod stream, opened before the first switch, answer during and
-// after every switch, new connections reach the Service in each mode, and
-// only the mode in force has its iptables chains or nftables table.
+// to eBPF, to iptables, to eBPF), each a rolling update; then it leaves the
+// eBPF mode in one rollout of the base DaemonSet (iptables mode, whose
+// agents hold only CAP_BPF and the bpffs of the eBPF mode's needs). A
+// pod's connection through a ClusterIP, a connection from outside to a
+// NodePort and a pod-to-pod stream, opened before the first switch,
+// answer during and after every switch, new connections reach the
+// Service in each mode, and only the mode in force has its iptables chains
+// or nftables table. After the last switch the eBPF mode's pins stay
+// (retired) while a connection from outside it translated is open, and
+// are gone from every node once it has closed.
 func TestProxyModeSwitch(t *testing.T) {
 	c := upOptions(t, lab.Options{Nodes: 2, Routing: "hostgw", ProxyMode: "ebpf"})
 	ctx := context.Background()
@@ -64,18 +73,19 @@ func TestProxyModeSwitch(t *testing.T) {
 		openStream(t, c, "a pod's connection through the ClusterIP", clientNS, vip),
 		openStream(t, c, "a connection from outside to the NodePort", ext, nodePort),
 	}
-	for i, mode := range []string{"nftables", "iptables", "nftables", "ebpf", "iptables", "ebpf"} {
+	switchTo := func(step, mode string, reinstall func() error) {
+		t.Helper()
 		before := agentPods(t, c)
-		if err := c.state.Reinstall(ctx, "proxy-mode="+mode); err != nil {
+		if err := reinstall(); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(4 * time.Minute)
 		for j := 0; !rolled(t, c, before, ""); j++ {
 			for _, s := range streams {
-				s.exchange(t, fmt.Sprintf("switch %d to %s, during %d", i+1, mode, j))
+				s.exchange(t, fmt.Sprintf("%s, during %d", step, j))
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("switch %d to %s: the agents did not roll within 4 minutes: %v", i+1, mode, agentPods(t, c))
+				t.Fatalf("%s: the agents did not roll within 4 minutes: %v", step, agentPods(t, c))
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -83,7 +93,7 @@ func TestProxyModeSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, s := range streams {
-			s.exchange(t, fmt.Sprintf("after switch %d to %s", i+1, mode))
+			s.exchange(t, "after "+step)
 		}
 		reachable(clientNS, vip)
 		reachable(ext, nodePort)
@@ -100,11 +110,55 @@ func TestProxyModeSwitch(t *testing.T) {
 				t.Fatalf("%s: iptables-save: %v\n%s", m.Name, err, nat)
 			}
 			if has := strings.Contains(string(nat), "WEFT-SERVICES"); has != (mode == "iptables") {
-				t.Errorf("after switch %d to %s, %s has the iptables mode's chains: %v", i+1, mode, m.Name, has)
+				t.Errorf("after %s, %s has the iptables mode's chains: %v", step, m.Name, has)
 			}
 			if has := tableErr == nil; has != (mode == "nftables") {
-				t.Errorf("after switch %d to %s, %s has the nftables mode's table inet weft: %v", i+1, mode, m.Name, has)
+				t.Errorf("after %s, %s has the nftables mode's table inet weft: %v", step, m.Name, has)
 			}
 		}
 	}
+	for i, mode := range []string{"nftables", "iptables", "nftables", "ebpf", "iptables", "ebpf"} {
+		switchTo(fmt.Sprintf("switch %d to %s", i+1, mode), mode, func() error { return c.state.Reinstall(ctx, "proxy-mode="+mode) })
+	}
+
+	// Out of eBPF in one rollout: the base DaemonSet.
+	c.state.Options.ProxyMode = "iptables"
+	switchTo("the base DaemonSet", "iptables", func() error { return c.state.Reinstall(ctx) })
+	pins := func(node string) []string {
+		entries, err := os.ReadDir(filepath.Join(lab.NodeBPFFS(c.state.Dir, node), "weft"))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	// node1 translated the connection from outside: its per-packet
+	// programs stay for it (retired: no frontend, no socket program).
+	if got := pins("node1"); !slices.Contains(got, "weft_retired") || !slices.Contains(got, "weft_ct") || slices.Contains(got, "link_connect4") {
+		t.Fatalf("node1's pins with the connection from outside open: %v; want the retired mark and weft_ct, no socket program's link", got)
+	}
+	for _, s := range streams {
+		s.exchange(t, "before closing")
+		s.conn.Close()
+	}
+	// The agents look every 30 s (a bound of 3 minutes against a hang).
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+		left := map[string][]string{}
+		for _, m := range lab.NodeMembers(c.state.Members) {
+			if got := pins(m.Name); len(got) > 0 {
+				left[m.Name] = got
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the eBPF mode's pins left 3 minutes after its last connection closed: %v", left)
+		}
+	}
+	reachable(clientNS, vip)
+	reachable(ext, nodePort)
 }
