@@ -155,6 +155,8 @@ bench: deps build kube image node coredns
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench TopologyExporter -benchtime=1x ./agent
 	# eBPF conntrack under a storm: a million short connections from outside through a NodePort, on maps of the default size; the connection rate with the maps empty and through the storm, a long-lived connection alive after it.
 	WEFT_EBPF_STORM=1000000 $(GO) test -run 'TestConnectionStorm$$' -count=1 -v -timeout 30m ./proxy/ebpf
+	# eBPF maps at 10k and 100k Services (2 ports, 10 endpoints each): the time of the first sync and the kernel memory of each map (weft_ebpf_map_memory_bytes), the last Service answering.
+	for n in 10000 100000; do WEFT_EBPF_SERVICES=$$n $(GO) test -run 'TestManyServices$$' -count=1 -v -timeout 20m ./proxy/ebpf || exit 1; done
 	# The userspace proxy: connections per second and throughput through it (redirected and rootless) and through the nftables backend, each against a direct dial in the same run.
 	$(GO) test -run '^$$' -bench DataPath -benchtime 3s ./proxy/userspace
 	# Encryption between nodes: pod-to-pod TCP throughput (64 MiB per op) and connection rate across two nodes over plain host-gw, plain VXLAN and WireGuard (userspace; the kernel's where the kernel has it), each against host-gw in the same ops.

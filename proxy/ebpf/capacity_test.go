@@ -299,4 +299,20 @@ func TestManyServices(t *testing.T) {
 	if got, err := proxytest.Get(n.Pods["a"].NS, "", "http://"+n.Svcs[services-1].Spec.ClusterIP+"/"); err != nil || got.Pod != "a" {
 		t.Errorf("the last Service: %+v %v, want a", got, err)
 	}
+	// The kernel memory of the maps (make bench logs it at 10k and 100k).
+	var total float64
+	var each []string
+	for _, name := range []string{"weft_services", "weft_backends", "weft_revnat", "weft_affinity", "weft_affinity_members",
+		"weft_ct", "weft_nat_rev", "weft_src_ranges", "weft_maglev", "weft_ext_affinity"} {
+		v, ok := metricValue(t, b, "weft_ebpf_map_memory_bytes", "map", name)
+		if !ok {
+			t.Fatalf("no weft_ebpf_map_memory_bytes for %s", name)
+		}
+		total += v
+		each = append(each, fmt.Sprintf("%s %.1f", name, v/(1<<20)))
+	}
+	if svc, _ := metricValue(t, b, "weft_ebpf_map_memory_bytes", "map", "weft_services"); svc < float64(wantSlots)*16 {
+		t.Errorf("weft_services takes %v bytes for %d entries: the kernel counts more", svc, wantSlots)
+	}
+	t.Logf("maps' kernel memory at %d Services x %d endpoints: %.1f MiB (%s MiB)", services, endpoints, total/(1<<20), strings.Join(each, ", "))
 }

@@ -17,6 +17,9 @@ import (
 //     what the writer wrote; the LRU maps the programs fill (revnat,
 //     affinity, conntrack) by reading them, at most every lruCountEvery;
 //     an LRU map at its maximum evicts its least recently used entries.
+//   - weft_ebpf_map_memory_bytes per map: the kernel memory it takes, as
+//     the kernel accounts it (Linux >= 6.4 counts what the map holds;
+//     earlier kernels, what it may hold at most).
 //   - weft_ebpf_map_entries_needed per map the writer fills: what the
 //     last sync needed there (at most, while it wrote: capacity.go). Above
 //     weft_ebpf_map_max_entries, that sync was refused and wrote nothing
@@ -50,6 +53,8 @@ var (
 		"Connected UDP sockets destroyed because their backend left the Service", nil, nil)
 	descTermAvailable = prometheus.NewDesc("weft_ebpf_udp_socket_termination_available",
 		"1 if the kernel can destroy connected UDP sockets of removed backends (bpf_sock_destroy)", nil, nil)
+	descMemory = prometheus.NewDesc("weft_ebpf_map_memory_bytes",
+		"Kernel memory a map of the eBPF service proxy takes, as the kernel accounts it (weft_maglev: the outer map only, each frontend's table adds 4 bytes a slot)", []string{"map"}, nil)
 	descCTFailures = prometheus.NewDesc("weft_ebpf_ct_insert_failures_total",
 		"New flows from outside dropped because their conntrack entries could not be written", nil, nil)
 )
@@ -65,7 +70,7 @@ type lruCount struct {
 
 // Describe implements prometheus.Collector.
 func (b *Backend) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descNeeded, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures} {
+	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descMemory, descNeeded, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures} {
 		ch <- d
 	}
 }
@@ -109,6 +114,10 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, m := range b.maps() {
 		gauge(descMaxEntries, float64(m.MaxEntries()), name)
+		if info, err := m.Info(); err == nil {
+			n, _ := info.Memlock() // 0 (not ok) for an empty trie
+			gauge(descMemory, float64(n), name)
+		}
 		if n, ok := written[name]; ok {
 			gauge(descEntries, float64(n), name)
 		} else if c, err := m.Clone(); err == nil {
