@@ -97,7 +97,7 @@ func main() {
 	flag.StringVar(&px.cgroupRoot, "cgroup-root", "", "ebpf proxy mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&px.bpfPinPath, "bpf-pin-path", "", "ebpf proxy mode: bpffs directory of weft's pinned maps and links (default /sys/fs/bpf/weft)")
 	flag.Var(&px.bpfDevices, "bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
-	flag.IntVar(&px.bpfCTMax, "bpf-ct-max", 0, "ebpf proxy mode: entries of each conntrack map of the traffic from outside (0: a quarter percent of the node's memory, at least 65536)")
+	flag.IntVar(&px.bpfCTMax, "bpf-ct-max", 0, "ebpf proxy mode: entries of each conntrack map of the traffic from outside and of each flow map of the socket programs (0: a quarter percent of the node's memory, at least 65536)")
 	flag.IntVar(&px.bpfLBMax, "bpf-lb-map-max", 0, "ebpf proxy mode: entries of the services map (frontends and their backend slots); the backends, affinity members and source ranges maps get half of it, the Maglev map a 64th (0: one per 4 KiB of the node's memory, 524288 to 4194304); a sync whose Services do not fit fails and writes nothing")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")

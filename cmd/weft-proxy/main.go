@@ -66,7 +66,7 @@ func main() {
 	flag.StringVar(&f.cgroupRoot, "cgroup-root", "", "ebpf mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&f.bpfPinPath, "bpf-pin-path", ebpf.DefaultPinPath, "ebpf mode: bpffs directory for weft's pinned maps and links")
 	flag.Var(&f.bpfDevices, "bpf-devices", "ebpf mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
-	flag.IntVar(&f.bpfCTMax, "bpf-ct-max", 0, "ebpf mode: entries of each conntrack map of the traffic from outside (0: a quarter percent of the node's memory, at least 65536)")
+	flag.IntVar(&f.bpfCTMax, "bpf-ct-max", 0, "ebpf mode: entries of each conntrack map of the traffic from outside and of each flow map of the socket programs (0: a quarter percent of the node's memory, at least 65536)")
 	flag.IntVar(&f.bpfLBMax, "bpf-lb-map-max", 0, "ebpf mode: entries of the services map (frontends and their backend slots); the backends, affinity members and source ranges maps get half of it, the Maglev map a 64th (0: one per 4 KiB of the node's memory, 524288 to 4194304); a sync whose Services do not fit fails and writes nothing")
 	flag.StringVar(&f.usListen, "userspace-listen", "", "userspace mode, rootless: listen on this address (e.g. 127.0.0.1), one port per service port, no kernel rules; the map is /services on --metrics-addr")
 	flag.StringVar(&f.usGlue, "userspace-glue", "", "userspace mode without --userspace-listen: iptables or nftables REDIRECT glue (default: iptables when iptables-restore is installed, else nftables)")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -89,6 +90,9 @@ type Backend struct {
 	// what it retired (grace.go).
 	grace *graceWaiter
 	ret   retirement
+	// migrating: pinned flow maps of another size, replaced once the
+	// programs that use the new ones are attached (flowmaps.go).
+	migrating []flowMigration
 }
 
 // New checks that the kernel and the configured paths support the
@@ -246,6 +250,9 @@ func (b *Backend) Sync(st model.State, full bool) error {
 			return fmt.Errorf("pinning the new service maps: %w", err)
 		}
 	}
+	if err := b.pinFlowMaps(); err != nil {
+		return fmt.Errorf("pinning the resized flow maps: %w", err)
+	}
 	if !applied {
 		applyErr = b.writeState(st, full)
 	}
@@ -394,6 +401,8 @@ func (b *Backend) prepare() error {
 	caps := LBCapacities(b.cfg.LBMax)
 	sizeLB(sockSpec, caps)
 	sizeLB(npSpec, caps)
+	sizeFlowMaps(sockSpec, b.cfg.CTMax)
+	sizeFlowMaps(npSpec, b.cfg.CTMax)
 	lb, fresh, err := openLBMaps(b.cfg.PinPath, npSpec.Maps)
 	if err != nil {
 		return err
@@ -403,9 +412,21 @@ func (b *Backend) prepare() error {
 			_ = m.Close() // the programs' collections hold their own
 		}
 	}()
+	flowSpecs := map[string]*ebpf.MapSpec{"weft_revnat": sockSpec.Maps["weft_revnat"], "weft_affinity": sockSpec.Maps["weft_affinity"],
+		"weft_ext_affinity": npSpec.Maps["weft_ext_affinity"]}
+	migrating, err := openFlowMaps(b.cfg.PinPath, flowSpecs)
+	if err != nil {
+		return err
+	}
+	replacements := func(spec *ebpf.CollectionSpec) map[string]*ebpf.Map {
+		out := replacementsIn(spec, lb)
+		maps.Copy(out, flowReplacements(spec, migrating))
+		return out
+	}
 	pinned := ebpf.MapOptions{PinPath: b.cfg.PinPath}
 	var objs sockObjects
-	if err := sockSpec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: pinned, MapReplacements: replacementsIn(sockSpec, lb)}); err != nil {
+	if err := sockSpec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: pinned, MapReplacements: replacements(sockSpec)}); err != nil {
+		closeMigrations(migrating)
 		return fmt.Errorf("loading the socket programs: %w", err)
 	}
 	var np nodeportObjects
@@ -424,21 +445,22 @@ func (b *Backend) prepare() error {
 		}
 		_ = objs.Close()
 		_ = np.Close()
+		closeMigrations(migrating)
 	}()
 	_, ctPinned := os.Stat(filepath.Join(b.cfg.PinPath, "weft_ct"))
 	_, retired := os.Stat(filepath.Join(b.cfg.PinPath, retiredMarker))
 	adopt := ctPinned != nil || retired == nil
-	if err := loadPerPacket(&np, npSpec, &ebpf.CollectionOptions{Maps: pinned, MapReplacements: lb}, b.cfg.masqMark(), b.cfg.CTMax); err != nil {
+	if err := loadPerPacket(&np, npSpec, &ebpf.CollectionOptions{Maps: pinned, MapReplacements: replacements(npSpec)}, b.cfg.masqMark(), b.cfg.CTMax); err != nil {
 		return fmt.Errorf("loading the per-packet programs: %w", err)
 	}
 	// Without bpf_sock_destroy (Linux < 6.5) the socket programs still
 	// serve; connected UDP sockets stay on a removed backend until the
 	// client closes them.
-	udp, udpErr := loadUDPTerminator(b.cfg.PinPath, b.cfg.CgroupRoot)
+	udp, udpErr := loadUDPTerminator(b.cfg.CgroupRoot, objs.WeftRevnat)
 	if udpErr != nil && !errors.Is(udpErr, ebpf.ErrNotSupported) && !errors.Is(udpErr, btf.ErrNotFound) {
 		return udpErr
 	}
-	tcp, tcpErr := loadTCPFlowFinder(b.cfg.PinPath, b.cfg.CgroupRoot)
+	tcp, tcpErr := loadTCPFlowFinder(b.cfg.CgroupRoot, objs.WeftRevnat)
 	if tcpErr != nil && !errors.Is(tcpErr, ebpf.ErrNotSupported) && !errors.Is(tcpErr, btf.ErrNotFound) {
 		return tcpErr
 	}
@@ -453,6 +475,7 @@ func (b *Backend) prepare() error {
 	}
 	loaded = true
 	b.objs, b.np, b.w, b.uplinks, b.udp, b.tcp, b.adopt, b.fresh = &objs, &np, w, uplinks, udp, tcp, adopt, fresh
+	b.migrating = migrating
 	return nil
 }
 
@@ -532,6 +555,8 @@ func (b *Backend) release() {
 		b.grace.close()
 		b.grace = nil
 	}
+	closeMigrations(b.migrating)
+	b.migrating = nil
 	for _, l := range b.links {
 		_ = l.Close()
 	}

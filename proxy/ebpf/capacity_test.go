@@ -3,6 +3,7 @@ package ebpf_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
@@ -315,4 +317,64 @@ func TestManyServices(t *testing.T) {
 		t.Errorf("weft_services takes %v bytes for %d entries: the kernel counts more", svc, wantSlots)
 	}
 	t.Logf("maps' kernel memory at %d Services x %d endpoints: %.1f MiB (%s MiB)", services, endpoints, total/(1<<20), strings.Join(each, ", "))
+}
+
+// TestFlowMapsResized: the socket programs' flow maps take --bpf-ct-max,
+// and a restart with another size migrates them: a UDP socket connected
+// through a ClusterIP before it still sees the ClusterIP as its peer
+// (getpeername reads weft_revnat), as does a new one.
+func TestFlowMapsResized(t *testing.T) {
+	n := proxytest.NewNode(t, backend, "a")
+	restart := func(ctMax int) {
+		n.Backend.(*weftebpf.Backend).Close()
+		n.Config.BPFCTMax = ctMax
+		n.Backend = n.NewBackend()
+		n.Sync()
+		for _, name := range []string{"weft_revnat", "weft_affinity", "weft_ext_affinity"} {
+			if got := maxEntries(t, name); got != ctMax {
+				t.Fatalf("with --bpf-ct-max %d the pinned %s holds %d entries at most", ctMax, name, got)
+			}
+		}
+	}
+	_ = n.Backend.Cleanup()
+	n.Svcs = []*corev1.Service{proxytest.Service("dns", "10.96.0.53", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 81, Protocol: corev1.ProtocolUDP}}
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.UDPSlice("dns", n.Pods["a"].IP.String())}
+	restart(4096)
+	peer := func(c net.Conn) string {
+		t.Helper()
+		raw, err := c.(*net.UDPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sa unix.Sockaddr
+		var perr error
+		if err := raw.Control(func(fd uintptr) { sa, perr = unix.Getpeername(int(fd)) }); err != nil || perr != nil {
+			t.Fatal(err, perr)
+		}
+		in, ok := sa.(*unix.SockaddrInet4)
+		if !ok {
+			t.Fatalf("getpeername: %#v", sa)
+		}
+		return net.JoinHostPort(net.IP(in.Addr[:]).String(), strconv.Itoa(in.Port))
+	}
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("udp", "10.96.0.53:81")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if got := peer(c); got != "10.96.0.53:81" {
+			t.Fatalf("a new socket's peer is %s, want the ClusterIP", got)
+		}
+		return c
+	}
+	before := dial()
+	restart(8192)
+	if got := peer(before); got != "10.96.0.53:81" {
+		t.Errorf("after the flow maps were resized, a socket connected before has %s as its peer, want the ClusterIP", got)
+	}
+	dial()
 }

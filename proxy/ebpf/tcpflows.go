@@ -30,12 +30,16 @@ type tcpFlowFinder struct {
 	cgroup string
 }
 
-// loadTCPFlowFinder loads the iterator, sharing the pinned weft_revnat
-// map of the socket programs under pinPath. A kernel without TCP
-// iterators (Linux < 5.9) gives an error wrapping ebpf.ErrNotSupported.
-func loadTCPFlowFinder(pinPath, cgroup string) (*tcpFlowFinder, error) {
+// loadTCPFlowFinder loads the iterator, sharing the socket programs'
+// weft_revnat map revnat. A kernel without TCP iterators (Linux < 5.9)
+// gives an error wrapping ebpf.ErrNotSupported.
+func loadTCPFlowFinder(cgroup string, revnat *ebpf.Map) (*tcpFlowFinder, error) {
 	f := &tcpFlowFinder{cgroup: cgroup}
-	if err := loadTcpflowsObjects(&f.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinPath}}); err != nil {
+	spec, err := loadTcpflows()
+	if err == nil {
+		err = spec.LoadAndAssign(&f.objs, sharingRevnat(spec, revnat))
+	}
+	if err != nil {
 		return nil, fmt.Errorf("loading the TCP socket iterator: %w", err)
 	}
 	it, err := link.AttachIter(link.IterOptions{Program: f.objs.WeftTcpFlows})

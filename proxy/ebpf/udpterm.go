@@ -37,13 +37,16 @@ type udpTerminator struct {
 	cgroup string
 }
 
-// loadUDPTerminator loads the iterator, sharing the pinned weft_revnat
-// map of the socket programs under pinPath. A kernel without
-// bpf_sock_destroy (Linux < 6.5) or UDP iterators gives an error
-// wrapping ebpf.ErrNotSupported.
-func loadUDPTerminator(pinPath, cgroup string) (*udpTerminator, error) {
+// loadUDPTerminator loads the iterator, sharing the socket programs'
+// weft_revnat map revnat. A kernel without bpf_sock_destroy (Linux < 6.5)
+// or UDP iterators gives an error wrapping ebpf.ErrNotSupported.
+func loadUDPTerminator(cgroup string, revnat *ebpf.Map) (*udpTerminator, error) {
 	u := &udpTerminator{cgroup: cgroup}
-	if err := loadUdpdestroyObjects(&u.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinPath}}); err != nil {
+	spec, err := loadUdpdestroy()
+	if err == nil {
+		err = spec.LoadAndAssign(&u.objs, sharingRevnat(spec, revnat))
+	}
+	if err != nil {
 		return nil, fmt.Errorf("loading the UDP socket iterator: %w", err)
 	}
 	it, err := link.AttachIter(link.IterOptions{Program: u.objs.WeftUdpDestroy})
