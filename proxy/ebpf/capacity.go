@@ -18,9 +18,9 @@ import (
 // removals (which free their entries, and their backends no frontend
 // still names), then per frontend written what it adds: a new one its
 // master entry and slots; a rewritten one the slots of its new list
-// beyond what its inactive half already holds (that half is overwritten;
-// the active half stays until the next rewrite), nothing when write will
-// skip it as unchanged; new backends, affinity members, source ranges and
+// beyond what its inactive half still holds (that half is overwritten;
+// the active half stays until the grace period after the sync, grace.go),
+// nothing when write will skip it as unchanged; new backends, affinity members, source ranges and
 // a Maglev table. What a rewrite frees is not counted.
 
 // applyPlan is what apply will do, counted before it writes.

@@ -10,14 +10,17 @@ import (
 // A sync's new backend lists take effect when it updates the master
 // entries, but a program that read a master entry just before the update
 // goes on with the old list: a socket program between its reads of the
-// master entry, the slot and the backend. So the backends a sync takes
-// out of every list (and the connected UDP sockets of backends removed
-// from UDP frontends) are not deleted at once. The sync marks the
+// master entry, the slot and the backend. So the old lists' slots (the
+// inactive halves), the backends a sync takes out of every list and the
+// connected UDP sockets of backends removed from UDP frontends are not
+// deleted at once. The sync marks the
 // backends BACKEND_GONE (bpf/lb.h: the per-packet programs treat them as
 // gone at once; a stale socket program still finds its backend) and
 // starts a grace period; when it ends, no program that read an old master
-// entry is still running, and the backends are deleted, the UDP sockets
-// terminated. The TCP resets of removed endpoints (TCPFlows) and the next
+// entry is still running, and the old halves and the backends are
+// deleted, the UDP sockets terminated: in steady state a frontend of n
+// backends takes 1+n entries of the services map, 1+2n only between a
+// rewrite and the end of the grace period after it. The TCP resets of removed endpoints (TCPFlows) and the next
 // sync wait for it, so a connection a stale reader made is reset with the
 // others, and the next sync's rewrite of the halves the old lists used
 // reaches no reader. A grace period costs one RCU grace period of the
@@ -78,7 +81,7 @@ type gracePeriod struct {
 // left UDP sockets to terminate; its goroutine settles when it is over,
 // unless a caller (the next sync, Close) has done so first. b.mu is held.
 func (b *Backend) startGrace() {
-	if b.w == nil || (len(b.w.retired) == 0 && len(b.w.stale) == 0) || b.ret.cur != nil {
+	if b.w == nil || (len(b.w.retired) == 0 && len(b.w.stale) == 0 && len(b.w.rewritten) == 0) || b.ret.cur != nil {
 		return
 	}
 	g := &gracePeriod{done: make(chan struct{})}
@@ -114,7 +117,7 @@ func (b *Backend) settle() error {
 	if b.w == nil {
 		return nil
 	}
-	return errors.Join(b.w.dropRetired(), b.terminateUDP())
+	return errors.Join(b.w.dropOldHalves(), b.w.dropRetired(), b.terminateUDP())
 }
 
 // graceOver returns a channel closed when no program that read a master

@@ -7,9 +7,10 @@ import (
 )
 
 // TestRetiredBackendsOutliveTheGracePeriod: a backend a sync takes out of
-// its frontend's list stays in the map, marked gone, until the grace
-// period after that sync is over, whoever ends it (its goroutine or the
-// next sync); the per-packet programs move a flow off it at once.
+// its frontend's list stays in the map, marked gone, and the list's slots
+// stay in the inactive half, until the grace period after that sync is
+// over, whoever ends it (its goroutine or the next sync); the per-packet
+// programs move a flow off the backend at once.
 func TestRetiredBackendsOutliveTheGracePeriod(t *testing.T) {
 	e := newTCEnv(t)
 	release := make(chan struct{})
@@ -38,6 +39,18 @@ func TestRetiredBackendsOutliveTheGracePeriod(t *testing.T) {
 	}
 	if present, marked := gone(); !present || !marked {
 		t.Fatalf("during the grace period podX's entry: present %v, marked %v; want both", present, marked)
+	}
+	slots := func() int {
+		n := 0
+		var k sockSvcKey
+		var v sockSvcValue
+		for it := e.objs.WeftServices.Iterate(); it.Next(&k, &v); {
+			n++
+		}
+		return n
+	}
+	if got := slots(); got != 3 {
+		t.Fatalf("during the grace period the services map holds %d entries, want 3 (the master entry, both halves' slot)", got)
 	}
 	if _, ok := e.w.backendID[ext(podX, 80)]; ok {
 		t.Fatal("the writer still names podX's retired entry: an endpoint coming back would reuse it")
@@ -70,6 +83,12 @@ func TestRetiredBackendsOutliveTheGracePeriod(t *testing.T) {
 	}
 	if len(e.w.retired) != 0 {
 		t.Fatalf("still retired: %v", e.w.retired)
+	}
+	if got := slots(); got != 2 {
+		t.Fatalf("after the grace period the services map holds %d entries, want 2 (the master entry, the active slot)", got)
+	}
+	if got := e.w.tally.services; got != 2 {
+		t.Fatalf("after the grace period the writer counts %d entries of the services map, want 2", got)
 	}
 
 	// The goroutine alone ends a period: podY leaves too.

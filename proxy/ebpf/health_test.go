@@ -118,6 +118,11 @@ func TestMapFill(t *testing.T) {
 	pin := envs[t].pin
 	check := func(step string) {
 		t.Helper()
+		// After the grace period (grace.go), so that the maps do not
+		// change between the metric and the count.
+		if err := b.Settle(); err != nil {
+			t.Fatal(err)
+		}
 		for _, name := range []string{"weft_services", "weft_backends", "weft_maglev", "weft_revnat"} {
 			got, ok := metricValue(t, b, "weft_ebpf_map_entries", "map", name)
 			if want := entries(t, filepath.Join(pin, name)); !ok || int(got) != want {

@@ -55,8 +55,10 @@ type writer struct {
 	refs        map[uint32]int  // active lists naming each backend
 	unused      map[uint32]bool // backends whose count fell to 0 this sync
 	// retired are backends marked BACKEND_GONE, to delete after a grace
-	// period (grace.go).
-	retired []uint32
+	// period (grace.go), and rewritten the frontends whose inactive half
+	// holds a list no reader will use once that period is over.
+	retired   []uint32
+	rewritten []FrontendKey
 	// stale are the backends removed from UDP frontends of the socket
 	// programs whose connected sockets are still to be terminated.
 	stale []staleUDP
@@ -160,6 +162,9 @@ func (w *writer) load() error {
 	}
 	for fk, f := range w.fronts {
 		w.tally.add(fk, f, 1)
+		if f.used[1-f.half] > 0 {
+			w.rewritten = append(w.rewritten, fk) // left by a process stopped before its grace period ended
+		}
 	}
 	for fk, s := range slots {
 		if w.fronts[fk] == nil {
@@ -323,6 +328,9 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 	w.fronts[k] = next
 	w.tally.add(k, cur, -1)
 	w.tally.add(k, next, 1)
+	if next.used[1-next.half] > 0 {
+		w.rewritten = append(w.rewritten, k)
+	}
 	w.Stats.Frontends++
 	var old []uint32
 	if cur != nil {
@@ -485,6 +493,60 @@ func (w *writer) dropMembers(svc uint32, old, keep []uint32) error {
 		}
 	}
 	return nil
+}
+
+// dropOldHalves deletes the inactive half of the frontends the last sync
+// rewrote, once the grace period after it is over (grace.go): no reader
+// is left on it, and a frontend holds 1+n entries until its next rewrite
+// rather than 1+2n. A half whose slots cannot be deleted stays until that
+// rewrite overwrites it.
+func (w *writer) dropOldHalves() error {
+	type half struct {
+		k    FrontendKey
+		f    *frontendState
+		used uint16
+	}
+	var halves []half
+	var keys []sockSvcKey
+	var owner []int // keys[i] is a slot of halves[owner[i]]
+	for _, k := range w.rewritten {
+		f := w.fronts[k]
+		if f == nil || f.used[1-f.half] == 0 {
+			continue // removed since (both halves with it), or nothing there
+		}
+		h := 1 - f.half
+		for s := uint16(1); s <= f.used[h]; s++ {
+			keys = append(keys, svcKey(k, uint16(h)*slotHalf+s))
+			owner = append(owner, len(halves))
+		}
+		halves = append(halves, half{k, f, f.used[h]})
+	}
+	w.rewritten = nil
+	failed := map[int]error{}
+	for from := 0; from < len(keys); from += backendBatch {
+		to := min(from+backendBatch, len(keys))
+		done, err := w.services.BatchDelete(keys[from:to], nil)
+		if err == nil {
+			continue
+		}
+		for i := from + max(done, 0); i < to; i++ { // one by one what the batch left
+			if err := w.services.Delete(keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				failed[owner[i]] = err
+			}
+		}
+	}
+	var errs []error
+	for i, hf := range halves {
+		if err := failed[i]; err != nil {
+			// Left as it is: the next rewrite overwrites it.
+			errs = append(errs, fmt.Errorf("deleting the inactive half of %s: %w", hf.k, err))
+			continue
+		}
+		w.tally.add(hf.k, hf.f, -1)
+		hf.f.used[1-hf.f.half] = 0
+		w.tally.add(hf.k, hf.f, 1)
+	}
+	return errors.Join(errs...)
 }
 
 // deleteSlots deletes slots base+from .. base+to of a frontend.

@@ -43,10 +43,11 @@ func CTMaxFor(mem uint64) int {
 
 // The maps the writer fills grow with the Services and endpoints
 // (bpf/lb.h, bpf/nodeport.c): weft_services holds, per frontend, its
-// master entry and the slots of both halves of its slot space (a frontend
-// rewritten keeps its previous list in the other half until its next
-// rewrite, so 1+2n entries for n backends once it has been rewritten, as
-// every frontend is by the full sync after a restart); weft_backends one
+// master entry and the slots of its active list, 1+n entries for n
+// backends (a rewrite writes the new list into the other half, and the
+// old one is deleted after the grace period that follows: 1+2n until
+// then, for every frontend at once in the full sync after a restart);
+// weft_backends one
 // entry per endpoint address and port; weft_affinity_members one per
 // backend of a frontend with ClientIP affinity; weft_src_ranges one per
 // loadBalancerSourceRange of an external frontend; weft_maglev one table
@@ -62,8 +63,8 @@ func CTMaxFor(mem uint64) int {
 // size of earlier versions) to 4,194,304: the buckets of the three hash
 // maps (32 bytes per unit) take under 1 % of the memory (128 MiB at
 // most), and from 16 GiB on, 100,000 Services of 10
-// endpoints each fit (2.1 million entries in the services map once every
-// frontend has been rewritten, 1 million backends). A larger cluster
+// endpoints each fit (1.1 million entries in the services map, 2.1
+// million during a restart's full sync, 1 million backends). A larger cluster
 // raises --bpf-lb-map-max. A sync whose state does not fit writes nothing
 // and fails, naming the map (CapacityError).
 const (
