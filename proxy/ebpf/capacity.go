@@ -32,8 +32,8 @@ type applyPlan struct {
 	freed map[uint32]bool
 }
 
-// plan counts what apply(want, keys, full) needs (see above).
-func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey, full bool) applyPlan {
+// plan counts what apply(want, keys) needs (see above).
+func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPlan {
 	services, members, ranges, tables := w.tally.services, w.tally.members, w.tally.ranges, w.tally.maglev
 	// The removals.
 	drop := map[uint32]int{}
@@ -93,7 +93,7 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey, full bo
 				added[ap] = true
 			}
 		}
-		if cur != nil && !full && w.unchanged(cur, f) {
+		if cur != nil && w.unchanged(cur, f) {
 			continue
 		}
 		if cur == nil {
@@ -125,7 +125,7 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey, full bo
 }
 
 // unchanged reports whether frontend f is what state cur holds, as write
-// compares them (write skips it unless the sync is full).
+// compares them (write skips it).
 func (w *writer) unchanged(cur *frontendState, f Frontend) bool {
 	if cur.flags != flagsOf(f) || cur.affinity != uint32(f.AffinitySeconds) || len(cur.backends) != len(f.Backends) ||
 		!slices.Equal(cur.ranges, f.SourceRanges) {

@@ -247,8 +247,8 @@ func attached(t *testing.T, cgroup string, a ebpf.AttachType) int {
 
 // TestRestartReadsMapsBack: a restarted backend swaps its programs into
 // the pinned links (one program per hook and per device, no gap, no
-// duplicate) and reads
-// the maps back, so its first full sync reuses every backend id.
+// duplicate) and reads the maps back, so its first full sync finds every
+// frontend as it wants it and writes nothing.
 func TestRestartReadsMapsBack(t *testing.T) {
 	n := proxytest.NewNode(t, backend, "a", "b")
 	n.Svcs = []*corev1.Service{proxytest.Service("web", "10.96.0.10", nil)}
@@ -261,8 +261,8 @@ func TestRestartReadsMapsBack(t *testing.T) {
 	if tcAfter := tcxPrograms(t, proxytest.Uplink, false); len(tcBefore) != 1 || len(tcAfter) != 1 || tcAfter[0] == tcBefore[0] {
 		t.Fatalf("tcx programs on the uplink %v before the restart, %v after: want one, replaced", tcBefore, tcAfter)
 	}
-	if st := n.Backend.(*weftebpf.Backend).LastStats(); st.Frontends != 2 || st.BackendsAdded != 0 || st.BackendsRemoved != 0 {
-		t.Fatalf("restarted backend's first sync: %+v, want both frontends rewritten with the backends read back", st)
+	if st := n.Backend.(*weftebpf.Backend).LastStats(); st.Frontends != 0 || st.UnchangedSkipped != 2 || st.BackendsAdded != 0 || st.BackendsRemoved != 0 {
+		t.Fatalf("restarted backend's first sync: %+v, want both frontends compared with what it read back, and left as they are", st)
 	}
 	after := programIDs(t, envs[t].cgroup, ebpf.AttachCGroupInet4Connect)
 	if len(after) != 1 || after[0] == before[0] {
@@ -270,6 +270,19 @@ func TestRestartReadsMapsBack(t *testing.T) {
 	}
 	if r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.0.10/"); err != nil || (r.Pod != "a" && r.Pod != "b") {
 		t.Fatalf("service after restart: %+v %v", r, err)
+	}
+	// A change while no proxy ran: the restart's full sync finds it.
+	n.Backend.(*weftebpf.Backend).Close()
+	n.Slices[len(n.Slices)-1] = proxytest.Slice("web", n.Local("b"))
+	n.Backend = n.NewBackend()
+	n.Sync()
+	if st := n.Backend.(*weftebpf.Backend).LastStats(); st.Frontends != 2 || st.BackendsAdded != 0 {
+		t.Fatalf("a restart's first sync after web lost a: %+v, want both frontends rewritten", st)
+	}
+	for range 10 {
+		if r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.0.10/"); err != nil || r.Pod != "b" {
+			t.Fatalf("web after it lost a: %+v %v, want b", r, err)
+		}
 	}
 }
 
@@ -549,8 +562,8 @@ func TestPrepare(t *testing.T) {
 	if after := programIDs(t, cg, ebpf.AttachCGroupInet4Connect); len(after) != 1 || after[0] == before[0] {
 		t.Fatalf("connect4 programs %v before the restart's first sync, %v after: want one, replaced", before, after)
 	}
-	if st := restarted.LastStats(); st.Frontends != 2 || st.BackendsAdded != 0 {
-		t.Fatalf("restarted backend's first sync: %+v, want both frontends rewritten with the backends read back", st)
+	if st := restarted.LastStats(); st.Frontends != 0 || st.UnchangedSkipped != 2 || st.BackendsAdded != 0 {
+		t.Fatalf("restarted backend's first sync: %+v, want both frontends compared with what it read back, and left as they are", st)
 	}
 	get("after the restarted backend's first sync")
 }

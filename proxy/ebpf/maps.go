@@ -190,7 +190,8 @@ func (w *writer) dropOrphans() error {
 
 // apply makes the maps hold want for the keys in dirty (want is complete;
 // dirty names the frontends that may differ from what was written); with
-// full it compares and rewrites every frontend. It first counts what that
+// full it compares every frontend (after a restart, with what load read
+// back) and rewrites those that differ. It first counts what that
 // needs in each map and, if a map cannot hold it, writes nothing and
 // returns the CapacityErrors (capacity.go). Removed frontends go first,
 // with the backends they leave unused.
@@ -212,7 +213,7 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
-	p := w.plan(want, keys, full)
+	p := w.plan(want, keys)
 	w.needed = p.need
 	if err := w.fits(p.need); err != nil {
 		return err
@@ -240,7 +241,7 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 			continue
 		}
 		if f, ok := want[k]; ok {
-			if err := w.write(k, f, full); err != nil {
+			if err := w.write(k, f); err != nil {
 				errs = append(errs, fmt.Errorf("service port %s, frontend %s: %w", f.Service, k, err))
 			}
 		}
@@ -266,7 +267,7 @@ func compareKeys(a, b FrontendKey) int {
 // write programs one frontend: new backends, then the inactive half of its
 // slots, then its master entry. On error the master entry is unchanged, so
 // readers keep the previous state.
-func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
+func (w *writer) write(k FrontendKey, f Frontend) error {
 	if len(f.Backends) >= slotHalf {
 		return fmt.Errorf("%d backends, at most %d are supported", len(f.Backends), slotHalf-1)
 	}
@@ -280,7 +281,7 @@ func (w *writer) write(k FrontendKey, f Frontend, full bool) error {
 	}
 	flags := flagsOf(f)
 	cur := w.fronts[k]
-	if cur != nil && !full && cur.flags == flags && cur.affinity == uint32(f.AffinitySeconds) && equalIDs(cur.backends, ids) &&
+	if cur != nil && cur.flags == flags && cur.affinity == uint32(f.AffinitySeconds) && equalIDs(cur.backends, ids) &&
 		slices.Equal(cur.ranges, f.SourceRanges) {
 		w.Stats.UnchangedSkipped++
 		return nil

@@ -46,7 +46,8 @@ func CTMaxFor(mem uint64) int {
 // master entry and the slots of its active list, 1+n entries for n
 // backends (a rewrite writes the new list into the other half, and the
 // old one is deleted after the grace period that follows: 1+2n until
-// then, for every frontend at once in the full sync after a restart);
+// then; a restart's full sync compares each frontend with what it read
+// back and rewrites only those that changed);
 // weft_backends one
 // entry per endpoint address and port; weft_affinity_members one per
 // backend of a frontend with ClientIP affinity; weft_src_ranges one per
@@ -64,7 +65,7 @@ func CTMaxFor(mem uint64) int {
 // maps (32 bytes per unit) take under 1 % of the memory (128 MiB at
 // most), and from 16 GiB on, 100,000 Services of 10
 // endpoints each fit (1.1 million entries in the services map, 2.1
-// million during a restart's full sync, 1 million backends). A larger cluster
+// million during a sync that changes every list, 1 million backends). A larger cluster
 // raises --bpf-lb-map-max. A sync whose state does not fit writes nothing
 // and fails, naming the map (CapacityError).
 const (

@@ -76,9 +76,11 @@ func TestBadLBMax(t *testing.T) {
 
 // TestHundredThousandServices: the default capacities of a node of 16 GiB
 // hold 100,000 Services of 10 endpoints each (one port, ClientIP
-// affinity), both as the first sync writes them into empty maps and as a
-// full sync (a restart's) rewrites every frontend into the other half of
-// its slot space: 21 entries of the services map a Service.
+// affinity): as the first sync writes them into empty maps (11 entries of
+// the services map a Service), as a restart's full sync compares them (no
+// rewrite), and as a sync that changes every list writes each into the
+// other half of its slot space (21 entries a Service until the grace
+// period after it).
 func TestHundredThousandServices(t *testing.T) {
 	const services, endpoints = 100_000, 10
 	caps := LBCapacities(LBMaxFor(16 << 30))
@@ -110,7 +112,7 @@ func TestHundredThousandServices(t *testing.T) {
 			t.Errorf("%s: needs %v, want %v", step, need, exact)
 		}
 	}
-	fits("first sync", w.plan(want, keys, true).need, services*(1+endpoints))
+	fits("first sync", w.plan(want, keys).need, services*(1+endpoints))
 	// The maps as the first sync leaves them: each frontend's list in the
 	// first half of its slots.
 	for _, k := range keys {
@@ -126,7 +128,15 @@ func TestHundredThousandServices(t *testing.T) {
 		w.ref(nil, ids)
 		w.tally.add(k, st, 1)
 	}
-	fits("a full sync after a restart", w.plan(want, keys, true).need, services*(1+2*endpoints))
+	// A restart reads that back: its full sync compares, rewrites nothing.
+	fits("a full sync after a restart", w.plan(want, keys).need, services*(1+endpoints))
+	// Every list in another order: every frontend rewritten.
+	for k, f := range want {
+		f.Backends = slices.Clone(f.Backends)
+		slices.Reverse(f.Backends)
+		want[k] = f
+	}
+	fits("every list changed", w.plan(want, keys).need, services*(1+2*endpoints))
 }
 
 // TestPlanRemovalsFirst: apply removes before it adds, so a Service
@@ -150,7 +160,7 @@ func TestPlanRemovalsFirst(t *testing.T) {
 	w.ref(nil, ids)
 	w.tally.add(a, st, 1)
 	want := map[FrontendKey]Frontend{b: {Backends: []netip.AddrPort{be(3), be(4)}}}
-	p := w.plan(want, []FrontendKey{a, b}, false)
+	p := w.plan(want, []FrontendKey{a, b})
 	if got := (map[string]int{"weft_services": 3, "weft_backends": 2}); p.need["weft_services"] != got["weft_services"] || p.need["weft_backends"] != got["weft_backends"] {
 		t.Errorf("a's 7 entries and 3 backends replaced by b's 3 and 2 (one of them a's): needs %v, want %v", p.need, got)
 	}
