@@ -3,6 +3,8 @@ package nftables_test
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/weftnet/weft/internal/netnsutil"
@@ -11,9 +13,10 @@ import (
 )
 
 // BenchmarkKernelSync times syncs through nft into the kernel (in the test's
-// private network namespace): the first one over n Services, and a partial
-// one after one endpoint of one Service moved (one transaction of element
-// writes). The tracker feeds it, as in the proxier.
+// private network namespace): the first one over n Services (1k and 10k;
+// WEFT_NFT_SERVICES=N for N alone), and a partial one after one endpoint
+// of one Service moved (one transaction of element writes). The tracker
+// feeds it, as in the proxier.
 func BenchmarkKernelSync(b *testing.B) {
 	if !netnsutil.Isolated() {
 		b.Skip("kernel benchmark: needs root (private network namespace)")
@@ -21,7 +24,15 @@ func BenchmarkKernelSync(b *testing.B) {
 	cfg := nftables.Config{NodeName: proxytest.NodeName, Families: []int{4},
 		NodePortIPs:  []netip.Addr{netip.MustParseAddr(proxytest.NodeIP)},
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(proxytest.Cluster)}}
-	for _, n := range []int{1000, 10000} {
+	sizes := []int{1000, 10000}
+	if v := os.Getenv("WEFT_NFT_SERVICES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("WEFT_NFT_SERVICES=%q: want a number of Services", v)
+		}
+		sizes = []int{n}
+	}
+	for _, n := range sizes {
 		svcs, sl := proxytest.BenchObjects(n)
 		tr := proxytest.BenchTracker(svcs, sl)
 		st, _ := tr.Snapshot()

@@ -21,12 +21,11 @@ func BenchObjects(n int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
 	sl := make([]*discoveryv1.EndpointSlice, n)
 	for i := range n {
 		name := fmt.Sprintf("svc-%d", i)
-		svcs[i] = Service(name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), nil)
+		svcs[i] = Service(name, addrAt(10<<24|96<<16, uint32(i/250)<<8|uint32(i%250+1)).String(), nil)
 		var eps []Endpoint
 		for j := range 10 {
 			k := i*10 + j
-			eps = append(eps, Endpoint{IP: netip.AddrFrom4([4]byte{10, 244, byte(k >> 8), byte(k)}).String(),
-				Node: fmt.Sprintf("peer-%d", k%100)})
+			eps = append(eps, Endpoint{IP: addrAt(10<<24|244<<16, uint32(k)).String(), Node: fmt.Sprintf("peer-%d", k%100)})
 		}
 		sl[i] = Slice(name, eps...)
 	}
@@ -87,4 +86,11 @@ func (c CPUClock) Report(b *testing.B, children string) {
 	if children != "" {
 		b.ReportMetric(float64(now.children-c.children)/float64(time.Millisecond)/n, children)
 	}
+}
+
+// addrAt is the IPv4 address base+off (10.96.0.0 + 256 = 10.96.1.0): past
+// 64k Services or endpoints the addresses go on in the next /16.
+func addrAt(base, off uint32) netip.Addr {
+	a := base + off
+	return netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)})
 }
