@@ -77,8 +77,9 @@ type gracePeriod struct {
 	err  error
 }
 
-// startGrace starts a grace period when the last sync retired backends or
-// left UDP sockets to terminate; its goroutine settles when it is over,
+// startGrace starts a grace period when the last sync rewrote lists,
+// retired backends or left UDP sockets to terminate (or load found what a
+// stopped process left of those); its goroutine settles when it is over,
 // unless a caller (the next sync, Close) has done so first. b.mu is held.
 func (b *Backend) startGrace() {
 	if b.w == nil || (len(b.w.retired) == 0 && len(b.w.stale) == 0 && len(b.w.rewritten) == 0) || b.ret.cur != nil {
@@ -101,7 +102,8 @@ func (b *Backend) startGrace() {
 }
 
 // settle waits for the grace period running, if any, and then deletes the
-// retired backends and terminates the UDP sockets of removed backends.
+// old lists' halves and the retired backends, and terminates the UDP
+// sockets of removed backends.
 // What fails is tried again after the next sync. b.mu is held (the
 // goroutine of startGrace ends the period without it).
 func (b *Backend) settle() error {

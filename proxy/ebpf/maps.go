@@ -503,9 +503,8 @@ func (w *writer) dropMembers(svc uint32, old, keep []uint32) error {
 // rewrite overwrites it.
 func (w *writer) dropOldHalves() error {
 	type half struct {
-		k    FrontendKey
-		f    *frontendState
-		used uint16
+		k FrontendKey
+		f *frontendState
 	}
 	var halves []half
 	var keys []sockSvcKey
@@ -520,7 +519,7 @@ func (w *writer) dropOldHalves() error {
 			keys = append(keys, svcKey(k, uint16(h)*slotHalf+s))
 			owner = append(owner, len(halves))
 		}
-		halves = append(halves, half{k, f, f.used[h]})
+		halves = append(halves, half{k, f})
 	}
 	w.rewritten = nil
 	failed := map[int]error{}
