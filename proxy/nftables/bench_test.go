@@ -80,3 +80,27 @@ func BenchmarkKernelSync(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRender times the renderer alone on a first render of n
+// Services (10k; WEFT_NFT_SERVICES=N for N), the tracker's snapshot
+// prepared outside the timing: what a first sync computes before it
+// writes to the kernel.
+func BenchmarkRender(b *testing.B) {
+	n := 10000
+	if v := os.Getenv("WEFT_NFT_SERVICES"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("WEFT_NFT_SERVICES=%q: want a number of Services", v)
+		}
+	}
+	cfg := nftables.Config{NodeName: proxytest.NodeName, Families: []int{4},
+		NodePortIPs:  []netip.Addr{netip.MustParseAddr(proxytest.NodeIP)},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(proxytest.Cluster)}}
+	svcs, sl := proxytest.BenchObjects(n)
+	st, _ := proxytest.BenchTracker(svcs, sl).Snapshot()
+	b.Run(strconv.Itoa(n), func(b *testing.B) {
+		for b.Loop() {
+			nftables.NewRenderer(cfg).Update(st)
+		}
+	})
+}

@@ -28,8 +28,8 @@ type Renderer struct {
 	// than hashing a name, and an Update checks every port.
 	bySP     map[*model.ServicePort]*portOut
 	byEps    map[*model.Endpoint]*portOut
-	epoch    uint64 // Updates so far; a port's spSeen and epsSeen say when it was last found unchanged
-	claims   map[frontend]map[*portOut]bool
+	epoch    uint64                  // Updates so far; a port's spSeen and epsSeen say when it was last found unchanged
+	claims   map[frontend][]*portOut // the ports claiming each frontend (mostly one)
 	winner   map[frontend]*portOut
 	hairpin  map[setKey]int // -> ports rendering it
 	elements map[string]map[packed]packedValue
@@ -50,7 +50,7 @@ type Renderer struct {
 // NewRenderer returns a renderer that has rendered nothing yet.
 func NewRenderer(cfg Config) *Renderer {
 	return &Renderer{cfg: cfg, ports: map[model.ServicePortName]*portOut{}, bySP: map[*model.ServicePort]*portOut{},
-		byEps: map[*model.Endpoint]*portOut{}, claims: map[frontend]map[*portOut]bool{},
+		byEps: map[*model.Endpoint]*portOut{}, claims: map[frontend][]*portOut{},
 		winner: map[frontend]*portOut{}, hairpin: map[setKey]int{}, elements: map[string]map[packed]packedValue{},
 		pending: map[string]map[packed]*change{}, counts: map[int]map[int]int{4: {}, 6: {}},
 		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[packed]*frontendOut{}}
@@ -87,6 +87,9 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 		r.index(o)
 		r.claim(o, dirty)
 	}
+	if !r.rendered {
+		r.presize(dirty)
+	}
 	for fe := range dirty {
 		r.resolve(fe)
 	}
@@ -105,6 +108,25 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 		changes: r.changes(), ChangesUnknown: !r.rendered, AffinityStale: r.stale, affinityValid: r.affinityValid}
 	r.stale, r.rendered = false, true
 	return rs
+}
+
+// presize makes the element maps of a first render at their size (at
+// most: a frontend's elements are counted once per port claiming it), so
+// that a large cluster's maps are not grown by doubling.
+func (r *Renderer) presize(fes map[frontend]bool) {
+	sizes := map[string]int{}
+	for fe := range fes {
+		for _, o := range r.claims[fe] {
+			for _, e := range o.fes[fe].elems {
+				sizes[e.set]++
+			}
+		}
+	}
+	for set, n := range sizes {
+		if r.elements[set] == nil {
+			r.elements[set] = make(map[packed]packedValue, n)
+		}
+	}
 }
 
 // diff finds the names of the ports whose ServicePort or endpoint list is
@@ -172,10 +194,9 @@ func (r *Renderer) unindex(o *portOut) {
 
 func (r *Renderer) claim(o *portOut, dirty map[frontend]bool) {
 	for _, fe := range o.order {
-		if r.claims[fe] == nil {
-			r.claims[fe] = map[*portOut]bool{}
+		if !slices.Contains(r.claims[fe], o) {
+			r.claims[fe] = append(r.claims[fe], o)
 		}
-		r.claims[fe][o] = true
 		dirty[fe] = true
 	}
 	for _, h := range o.hairpin {
@@ -188,8 +209,9 @@ func (r *Renderer) claim(o *portOut, dirty map[frontend]bool) {
 
 func (r *Renderer) release(o *portOut, dirty map[frontend]bool) {
 	for _, fe := range o.order {
-		delete(r.claims[fe], o)
-		if len(r.claims[fe]) == 0 {
+		if c := slices.DeleteFunc(r.claims[fe], func(p *portOut) bool { return p == o }); len(c) > 0 {
+			r.claims[fe] = c
+		} else {
 			delete(r.claims, fe)
 		}
 		dirty[fe] = true
@@ -207,7 +229,7 @@ func (r *Renderer) release(o *portOut, dirty map[frontend]bool) {
 // previous owner.
 func (r *Renderer) resolve(fe frontend) {
 	var owner *portOut
-	for o := range r.claims[fe] {
+	for _, o := range r.claims[fe] {
 		if owner == nil || compareNames(o.name, owner.name) < 0 {
 			owner = o
 		}
