@@ -96,7 +96,7 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 	if fam.v6 {
 		rs.Family = 6
 	}
-	sets := map[string]Set{}
+	sets, tiers := map[string]Set{}, tierCache{}
 	var ingress, egress []string
 	var podChains []Chain
 	for _, p := range d.Pods {
@@ -112,14 +112,14 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 			for _, ip := range ips {
 				ingress = append(ingress, fmt.Sprintf("-d %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" ingress", name))
 			}
-			podChains = append(podChains, directionChains(fam, p.Ingress, name, hashName(podInRestPrefix, p.Key), "src", ChainDropIn, d.Sets, sets)...)
+			podChains = append(podChains, directionChains(fam, p.Ingress, name, hashName(podInRestPrefix, p.Key), "src", ChainDropIn, d.Sets, sets, tiers)...)
 		}
 		if !p.Egress.Empty() {
 			name := hashName(podOutPrefix, p.Key)
 			for _, ip := range ips {
 				egress = append(egress, fmt.Sprintf("-s %s -m comment --comment %q -j %s", fam.host(ip), p.Key+" egress", name))
 			}
-			podChains = append(podChains, directionChains(fam, p.Egress, name, hashName(podOutRestPrefix, p.Key), "dst", ChainDropOut, d.Sets, sets)...)
+			podChains = append(podChains, directionChains(fam, p.Egress, name, hashName(podOutRestPrefix, p.Key), "dst", ChainDropOut, d.Sets, sets, tiers)...)
 		}
 	}
 	for _, s := range sets {

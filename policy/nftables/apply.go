@@ -485,6 +485,11 @@ func (t *tableApplier) partial(tx *knftables.Transaction, want *Table, st *Stats
 // diffElements deletes the elements of old that s does not have (or has
 // with another value) and adds those it lacks.
 func (t *tableApplier) diffElements(tx *knftables.Transaction, s *Set, old []Element, st *Stats) {
+	// Most sets are unchanged, and Render writes a set's elements in a
+	// stable order: compare them in place before keying every element.
+	if slices.EqualFunc(old, s.Elements, func(a, b Element) bool { return slices.Equal(a.Key, b.Key) && slices.Equal(a.Value, b.Value) }) {
+		return
+	}
 	key := func(e Element) string { return strings.Join(e.Key, " . ") }
 	have := make(map[string]Element, len(old))
 	for _, e := range old {

@@ -16,9 +16,10 @@
 //     fingerprint, and the ports). A group's ports set holds every (peer
 //     address range . protocol . port range) its rules allow, with the
 //     peers and ports cut into disjoint boxes (interval sets hold no
-//     overlapping elements; ranges.go); its any set holds the peers of
-//     rules without ports. A new connection costs one dispatch lookup and
-//     at most four set lookups, whatever the number of policies and ports;
+//     overlapping elements; package tierbox); its any set holds the
+//     peers of rules without ports. A new connection costs one dispatch
+//     lookup and at most four set lookups, whatever the number of
+//     policies and ports;
 //   - dispatch maps send a pod address to its group (goto): ingress by
 //     destination, egress by source, both from the forward hook, egress
 //     also from input (pods to their node). Output is not hooked: the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weftnet/weft/policy"
 	"github.com/weftnet/weft/policy/readyset"
+	"github.com/weftnet/weft/policy/tierbox"
 )
 
 // TableName is the name of both of weft's policy tables: inet weft-policy
@@ -157,9 +158,15 @@ func Render(d policy.Desired, cfg Config) *Ruleset {
 		t.Sets = append(t.Sets, Set{Name: m, Type: typ, Verdict: true, Elements: els})
 	}
 	var groupChains []Chain
+	written := map[string]bool{} // tier sets are shared by groups
 	for _, name := range sortedKeys(groups) {
 		g := groups[name]
-		t.Sets = append(t.Sets, g.sets...)
+		for _, s := range g.sets {
+			if !written[s.Name] {
+				written[s.Name] = true
+				t.Sets = append(t.Sets, s)
+			}
+		}
 		groupChains = append(append(groupChains, Chain{Name: name, Rules: g.rules}), g.extra...)
 	}
 	t.Chains = append(t.Chains, baseChains(cfg)...)
@@ -262,45 +269,45 @@ func renderGroup(name, peer, drop string, rules []policy.Rule, addrSets map[stri
 		if v6 {
 			ip, typ, fam = "ip6", "ipv6_addr", "6"
 		}
-		peers := func(r policy.Rule) []peerBlock {
+		peers := func(r policy.Rule) []tierbox.Block {
 			if r.AllPeers {
-				return []peerBlock{allOf(v6)}
+				return []tierbox.Block{tierbox.AllOf(v6)}
 			}
-			var out []peerBlock
+			var out []tierbox.Block
 			for _, id := range r.Peers {
-				out = append(out, blockOf(v6, addrSets[id]))
+				out = append(out, tierbox.BlockOf(v6, addrSets[id]))
 			}
 			return out
 		}
 		if hasPorts {
-			var spans []portSpan
+			var spans []tierbox.PortSpan
 			for _, r := range rules {
 				for _, p := range r.Ports {
 					from, to := int(p.From), int(p.To)
 					if p.From == 0 {
 						from, to = 0, 65535
 					}
-					spans = append(spans, portSpan{proto: strings.ToLower(string(p.Protocol)), from: from, to: to, peers: peers(r)})
+					spans = append(spans, tierbox.PortSpan{Proto: strings.ToLower(string(p.Protocol)), From: from, To: to, Peers: peers(r)})
 				}
 			}
 			s := Set{Name: name + "-ports" + fam, Type: typ + " . inet_proto . inet_service", Interval: true}
-			for _, b := range boxes(spans) {
-				for _, a := range b.v {
-					s.Elements = append(s.Elements, Element{Key: []string{a.String(), b.proto, b.ports()}})
+			for _, b := range tierbox.Boxes(spans) {
+				for _, a := range b.V {
+					s.Elements = append(s.Elements, Element{Key: []string{a.String(), b.Proto, b.Ports()}})
 				}
 			}
 			g.sets = append(g.sets, s)
 			g.rules = append(g.rules, fmt.Sprintf("%s %s . meta l4proto . th dport @%s return", ip, peer, s.Name))
 		}
 		if hasAny {
-			var blocks []peerBlock
+			var blocks []tierbox.Block
 			for _, r := range rules {
 				if len(r.Ports) == 0 {
 					blocks = append(blocks, peers(r)...)
 				}
 			}
 			s := Set{Name: name + "-any" + fam, Type: typ, Interval: true}
-			for _, a := range ranges(blocks) {
+			for _, a := range tierbox.Ranges(blocks) {
 				s.Elements = append(s.Elements, Element{Key: []string{a.String()}})
 			}
 			g.sets = append(g.sets, s)

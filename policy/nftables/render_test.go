@@ -3,7 +3,6 @@ package nftables
 import (
 	"context"
 	"flag"
-	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -150,89 +149,4 @@ func slicesDelete(s []netip.Addr, a netip.Addr) []netip.Addr {
 		}
 	}
 	return out
-}
-
-// TestRangesExact holds the address ranges of 300 random unions of peer
-// blocks (prefixes with exceptions, overlapping) against a direct
-// evaluation, address by address over a small space.
-func TestRangesExact(t *testing.T) {
-	r := rand.New(rand.NewPCG(3, 5))
-	prefix := func() netip.Prefix {
-		bits := 24 + r.IntN(9)
-		a := netip.AddrFrom4([4]byte{10, 0, 0, byte(r.IntN(256))})
-		return netip.PrefixFrom(a, bits).Masked()
-	}
-	for range 300 {
-		var blocks []peerBlock
-		for range 1 + r.IntN(4) {
-			var b peerBlock
-			for range 1 + r.IntN(2) {
-				b.nets = append(b.nets, prefix())
-			}
-			for range r.IntN(3) {
-				b.except = append(b.except, prefix())
-			}
-			blocks = append(blocks, b)
-		}
-		rs := ranges(blocks)
-		for i := 1; i < len(rs); i++ {
-			if rs[i].lo.Compare(rs[i-1].hi.Next()) <= 0 {
-				t.Fatalf("ranges %v overlap or touch", rs)
-			}
-		}
-		for n := range 256 {
-			a := netip.AddrFrom4([4]byte{10, 0, 0, byte(n)})
-			want := false
-			for _, b := range blocks {
-				if containsAny(b.nets, a) && !containsAny(b.except, a) {
-					want = true
-				}
-			}
-			got := false
-			for _, x := range rs {
-				if x.lo.Compare(a) <= 0 && a.Compare(x.hi) <= 0 {
-					got = true
-				}
-			}
-			if got != want {
-				t.Fatalf("%v: %s in ranges %v = %v, want %v", blocks, a, rs, got, want)
-			}
-		}
-	}
-}
-
-func containsAny(ps []netip.Prefix, a netip.Addr) bool {
-	for _, p := range ps {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// TestBoxesDisjoint: overlapping port ranges of several rules become
-// disjoint boxes that allow exactly the union.
-func TestBoxesDisjoint(t *testing.T) {
-	p := func(s string) peerBlock { return peerBlock{nets: []netip.Prefix{netip.MustParsePrefix(s)}} }
-	got := boxes([]portSpan{
-		{proto: "tcp", from: 80, to: 90, peers: []peerBlock{p("10.0.0.0/24")}},
-		{proto: "tcp", from: 85, to: 85, peers: []peerBlock{p("10.0.1.0/24")}},
-		{proto: "tcp", from: 86, to: 100, peers: []peerBlock{p("10.0.0.0/24")}},
-		{proto: "udp", from: 0, to: 65535, peers: []peerBlock{p("0.0.0.0/0")}},
-	})
-	var lines []string
-	for _, b := range got {
-		for _, a := range b.v {
-			lines = append(lines, a.String()+" . "+b.proto+" . "+b.ports())
-		}
-	}
-	want := []string{
-		"10.0.0.0-10.0.0.255 . tcp . 80-84",
-		"10.0.0.0-10.0.1.255 . tcp . 85",
-		"10.0.0.0-10.0.0.255 . tcp . 86-100",
-		"0.0.0.0-255.255.255.255 . udp . 0-65535",
-	}
-	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("boxes:\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
-	}
 }

@@ -47,3 +47,15 @@ func BenchmarkRenderNFTablesWithClusterPolicies(b *testing.B) {
 		polnft.Render(d, polnft.Config{NodeName: nodeName})
 	}
 }
+
+// BenchmarkRenderWithClusterPolicies renders that state with the
+// iptables backend.
+func BenchmarkRenderWithClusterPolicies(b *testing.B) {
+	in := world(2000)
+	in.Policies = scalePolicies(1000)
+	in.ClusterPolicies = scaleClusterPolicies(1000)
+	d := policy.Compile(in)
+	for b.Loop() {
+		polipt.Render(d, polipt.Config{NodeName: nodeName})
+	}
+}
