@@ -363,29 +363,35 @@ func DirectionSignature(d Direction) string {
 		return sig
 	}
 	var b strings.Builder
-	tier := func(name string, rules []TierRule) {
-		b.WriteString(name + "[")
-		for _, r := range rules {
-			b.WriteString(string(r.Action) + ":")
-			if r.AllPeers {
-				b.WriteString("all")
-			}
-			for i, p := range r.Peers {
-				if i > 0 {
-					b.WriteByte('+')
-				}
-				b.WriteString(p)
-			}
-			for _, p := range r.Ports {
-				b.WriteString(" " + string(p.Protocol) + "/" + strconv.Itoa(int(p.From)) + "-" + strconv.Itoa(int(p.To)))
-			}
-			b.WriteByte(';')
-		}
-		b.WriteString("] ")
-	}
+	tier := func(name string, rules []TierRule) { b.WriteString(name + "[" + TierSignature(rules) + "] ") }
 	tier("admin", d.Admin)
 	b.WriteString("isolated=" + strconv.FormatBool(d.Isolated) + "[" + sig + "] ")
 	tier("baseline", d.Baseline)
+	return b.String()
+}
+
+// TierSignature identifies a tier's rules by their structure: in order,
+// each one's action, peer set IDs (which carry the policy's fingerprint)
+// and ports. Tiers with the same signature have the same boxes
+// (policy/tierbox): the backends name and share their sets by it.
+func TierSignature(rules []TierRule) string {
+	var b strings.Builder
+	for _, r := range rules {
+		b.WriteString(string(r.Action) + ":")
+		if r.AllPeers {
+			b.WriteString("all")
+		}
+		for i, p := range r.Peers {
+			if i > 0 {
+				b.WriteByte('+')
+			}
+			b.WriteString(p)
+		}
+		for _, p := range r.Ports {
+			b.WriteString(" " + string(p.Protocol) + "/" + strconv.Itoa(int(p.From)) + "-" + strconv.Itoa(int(p.To)))
+		}
+		b.WriteByte(';')
+	}
 	return b.String()
 }
 

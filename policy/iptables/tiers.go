@@ -46,7 +46,7 @@ import (
 // (the verdicts present, the bounds of wide port ranges), not on their
 // number or peers; pods coming, going or relabelled change set members
 // only. Sets are named after the tier's rules (actions, peer set IDs,
-// ports: tierbox.Signature), so the pods and tiers with the same rules share
+// ports: policy.TierSignature), so the pods and tiers with the same rules share
 // them, and a tier is rendered once per Render.
 
 // Chain prefixes of the rest of a direction after its Admin tier.
@@ -104,7 +104,7 @@ func tierRules(fam family, tier string, rules []policy.TierRule, dir, drop, pass
 	if len(kept) == 0 {
 		return nil
 	}
-	sig := tierbox.Signature(kept)
+	sig := policy.TierSignature(kept)
 	key := dir + "|" + tier + "|" + sig
 	lines, ok := tiers[key]
 	if !ok {

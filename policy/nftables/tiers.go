@@ -60,11 +60,11 @@ func renderDirection(name, peer, drop string, dir policy.Direction, addrSets map
 // tierRules renders one tier's rules as sets and the rules that look
 // them up: Accept returns (this table lets the packet go), Deny goes to
 // drop, Pass does pass. The sets are named after the tier's rules
-// (tierbox.Signature), not after the group: the groups with the same
+// (policy.TierSignature), not after the group: the groups with the same
 // tier share them (Render writes each once), and a group renamed by a
 // change elsewhere in its direction (a NetworkPolicy edited) keeps them.
 func tierRules(peer, drop, pass string, rules []policy.TierRule, addrSets map[string]policy.AddrSet) ([]string, []Set) {
-	prefix := "tier-" + hashName(tierbox.Signature(rules))
+	prefix := "tier-" + hashName(policy.TierSignature(rules))
 	verdicts := map[policy.Action]string{policy.Accept: "return", policy.Deny: "goto " + drop, policy.Pass: pass}
 	names := map[policy.Action]string{policy.Accept: "accept", policy.Deny: "deny", policy.Pass: "pass"}
 	var out []string

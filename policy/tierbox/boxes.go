@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/weftnet/weft/policy"
@@ -186,29 +185,4 @@ func SameClaims(a, b map[string][]Range) bool {
 		}
 	}
 	return true
-}
-
-// Signature identifies a tier's rules by their structure: in order,
-// each one's action, peer set IDs (which carry the policy's fingerprint)
-// and ports. Tiers with the same signature have the same boxes: the backends
-// name and share their sets by it.
-func Signature(rules []policy.TierRule) string {
-	var b strings.Builder
-	for _, r := range rules {
-		b.WriteString(string(r.Action) + ":")
-		if r.AllPeers {
-			b.WriteString("all")
-		}
-		for i, p := range r.Peers {
-			if i > 0 {
-				b.WriteByte('+')
-			}
-			b.WriteString(p)
-		}
-		for _, p := range r.Ports {
-			b.WriteString(" " + string(p.Protocol) + "/" + strconv.Itoa(int(p.From)) + "-" + strconv.Itoa(int(p.To)))
-		}
-		b.WriteByte(';')
-	}
-	return b.String()
 }
