@@ -21,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
@@ -80,6 +81,9 @@ type Lab struct {
 	Kubeconfig string
 	// Client talks to the API server from this process (QPS 500).
 	Client kubernetes.Interface
+	// Config is Client's configuration, for clients of other settings
+	// (SeedClient).
+	Config *rest.Config
 	Node   lab.Member
 	done   func() // gives the machine's lab turn back
 }
@@ -120,6 +124,7 @@ func Up(ctx context.Context, prog, binDir string, need ...string) (*Lab, error) 
 		return l, err
 	}
 	cfg.QPS, cfg.Burst = 500, 1000
+	l.Config = rest.CopyConfig(cfg)
 	if l.Client, err = kubernetes.NewForConfig(cfg); err != nil {
 		return l, err
 	}
@@ -165,17 +170,34 @@ func EnsureNamespace(ctx context.Context, c kubernetes.Interface, ns string) err
 	return lab.WaitServiceAccount(ctx, c, ns)
 }
 
+// SeedClient is a client for seeding many objects: protobuf on the wire
+// (what the controllers and the proxies' informers use; cheaper for the API
+// server to decode and encode than JSON) and no client-side rate limit, so
+// that the API server and etcd, not the client, set the pace.
+func (l *Lab) SeedClient() (kubernetes.Interface, error) {
+	cfg := rest.CopyConfig(l.Config)
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cfg.QPS, cfg.Burst = -1, 0 // no client-side limiter
+	return kubernetes.NewForConfig(cfg)
+}
+
 // Workers is how many objects Parallel creates at a time.
 const Workers = 32
 
 // Parallel calls create(i) for i in [from, to) from Workers goroutines and
 // returns the first error (or ctx's).
 func Parallel(ctx context.Context, from, to int, create func(i int) error) error {
+	return ParallelN(ctx, Workers, from, to, create)
+}
+
+// ParallelN is Parallel with workers goroutines.
+func ParallelN(ctx context.Context, workers, from, to int, create func(i int) error) error {
 	var next atomic.Int64
 	next.Store(int64(from))
-	errs := make(chan error, Workers)
+	errs := make(chan error, workers)
 	var wg sync.WaitGroup
-	for range Workers {
+	for range workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				i := int(next.Add(1) - 1)

@@ -65,8 +65,9 @@ func subjects() []subject {
 }
 
 // syncs is what /metrics says about the proxy's syncs (count and sum of
-// sync durations) and its network programming latencies (npCount, npSum).
-type syncs struct{ count, sum, npCount, npSum float64 }
+// sync durations, failed syncs, the time of the last successful one) and
+// its network programming latencies (npCount, npSum).
+type syncs struct{ count, sum, fails, lastOK, npCount, npSum float64 }
 
 type scraper struct{ c *http.Client }
 
@@ -104,6 +105,10 @@ func (s *scraper) get(ctx context.Context) (syncs, error) {
 			out.count = v
 		case "kubeproxy_sync_proxy_rules_duration_seconds_sum":
 			out.sum = v
+		case "kubeproxy_sync_proxy_rules_iptables_restore_failures_total":
+			out.fails = v // weft: any failed sync; kube-proxy: a failed restore or nft transaction
+		case "kubeproxy_sync_proxy_rules_last_timestamp_seconds":
+			out.lastOK = v // set by successful syncs only
 		case "kubeproxy_network_programming_duration_seconds_count":
 			out.npCount = v
 		case "kubeproxy_network_programming_duration_seconds_sum":
@@ -116,7 +121,7 @@ func (s *scraper) get(ctx context.Context) (syncs, error) {
 // result is one proxy's numbers at one size.
 type result struct {
 	scratch   time.Duration // process start to the first sync of the full state
-	late      bool          // the first sync's rules were incomplete: scratch is the kernel check's time
+	late      bool          // the first sync failed or its rules were incomplete: scratch is the kernel check's time
 	firstSync time.Duration // the proxy's own duration of its first sync
 	timedOut  bool
 	change    []time.Duration // update written to sync observed (and rules checked)
@@ -126,6 +131,9 @@ type result struct {
 	conn      *connResult  // -conn
 	reset     *resetResult // -reset
 	err       error
+	// skippedAt: not run, having hit the -timeout cap at skippedAt
+	// Services already.
+	skippedAt int
 }
 
 type env struct {
@@ -138,11 +146,12 @@ type env struct {
 	resetVIP  string   // -reset: reset-target's ClusterIP
 	boxes     int      // boxes made so far
 	changeSeq int      // 10.244.255.x addresses used so far
+	vips      []string // the seeded Services' ClusterIPs, by index
 }
 
 // measure runs one proxy alone in a fresh namespace against the current
 // state of size services × perSvc endpoints.
-func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 string) (r result) {
+func (e *env) measure(ctx context.Context, s subject, size, perSvc int) (r result) {
 	b, err := newBox(e.boxes)
 	e.boxes++
 	if err != nil {
@@ -174,6 +183,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 
 	// 1. From scratch: /metrics every 100 ms until the first sync is counted.
 	var first time.Time
+	firstFailed := false
 	for first.IsZero() {
 		if err := p.exited(); err != nil {
 			return result{err: err}
@@ -182,6 +192,9 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		if err == nil && st.count >= 1 {
 			first = time.Now()
 			r.firstSync = time.Duration(st.sum / st.count * float64(time.Second))
+			// Both proxies count a failure before they observe the
+			// sync's duration.
+			firstFailed = st.fails > 0
 			break
 		}
 		if time.Now().After(deadline) {
@@ -192,13 +205,23 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		}
 	}
 	// ... then the kernel must hold the whole state: every endpoint's DNAT
-	// and service 0's ClusterIP. If that sync was not complete, poll the
-	// ruleset every 500 ms and count until a dump that does has ended.
+	// and every seeded Service's ClusterIP, and the sync must have
+	// succeeded. If that sync failed or was not complete, poll the ruleset
+	// every 500 ms and count until a dump that does has ended, after a
+	// successful sync.
 	r.scratch = first.Sub(p.start)
-	want := size * perSvc
+	r.late = firstFailed
+	want, vips := size*perSvc, e.vips[:size]
 	for {
 		out, err := e.ruleset(b, s)
-		if err == nil && countEndpoints(out) == want && hasIP(out, svc0) {
+		var ok bool
+		if err == nil && !r.late {
+			ok = completeState(out, want, vips) == ""
+		} else if err == nil {
+			st, merr := m.get(sctx)
+			ok = merr == nil && st.lastOK > 0 && completeState(out, want, vips) == ""
+		}
+		if ok {
 			if r.late {
 				r.scratch = time.Since(p.start)
 			}
@@ -206,8 +229,12 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		}
 		r.late = true
 		if time.Now().After(deadline) {
-			n := countEndpoints(out)
-			return result{timedOut: true, err: fmt.Errorf("ruleset has %d of %d endpoint DNATs, ClusterIP %s present: %v (dump error: %v)", n, want, svc0, hasIP(out, svc0), err)}
+			st, merr := m.get(sctx)
+			why := "dump error: " + fmt.Sprint(err)
+			if err == nil {
+				why = completeState(out, want, vips)
+			}
+			return result{timedOut: true, err: fmt.Errorf("not programmed within the cap: %s; failed syncs %v, last successful sync at %v (metrics error: %v)", why, st.fails, st.lastOK, merr)}
 		}
 		if err := sleep(sctx, 500*time.Millisecond); err != nil {
 			return result{err: err}
@@ -225,9 +252,10 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int, svc0 str
 		r.reset = &rr
 	}
 
-	// 2. One change at a time, each on another service.
+	// 2. One change at a time, each on another service, spread over all
+	// of them from the first to the last seeded.
 	for i := 0; i < changes; i++ {
-		c, err := e.oneChange(ctx, b, p, m, s, (i*size)/changes+i)
+		c, err := e.oneChange(ctx, b, p, m, s, i*(size-1)/(changes-1))
 		if err != nil {
 			r.err = fmt.Errorf("change %d: %w", i+1, err)
 			return r
@@ -288,12 +316,7 @@ func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subj
 	}
 	e.changeSeq++
 	ip := fmt.Sprintf("10.244.%d.%d", changedIPOctet, e.changeSeq%250+1)
-	var vip string
-	if s.ebpf {
-		if vip, err = clusterIP(ctx, e.client, idx); err != nil {
-			return changed{}, err
-		}
-	}
+	vip := e.vips[idx]
 	var t0 time.Time
 	if err := changeOne(ctx, e.client, idx, ip, func() { t0 = time.Now() }); err != nil {
 		return changed{}, err
@@ -325,6 +348,9 @@ func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subj
 			out, err := e.ruleset(b, s)
 			if err != nil {
 				return changed{}, err
+			}
+			if st.fails > before.fails {
+				return changed{}, fmt.Errorf("a sync failed (failed syncs %v, were %v before the change)", st.fails, before.fails)
 			}
 			if hasIP(out, ip) {
 				c := changed{seen: at, sync: perSample(st.sum-before.sum, st.count-before.count)}

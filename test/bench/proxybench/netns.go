@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -214,3 +215,57 @@ var endpointRE = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+(?::| \. )` + strconv.Ito
 
 // countEndpoints counts the endpoint DNAT targets in a ruleset dump.
 func countEndpoints(dump string) int { return len(endpointRE.FindAllStringIndex(dump, -1)) }
+
+// completeState checks a ruleset dump against the seeded state: want
+// endpoint DNAT targets, and the ClusterIP of every seeded Service (vips,
+// by index), the last one included. It returns "" if the dump holds them
+// all, else what is missing.
+func completeState(dump string, want int, vips []string) string {
+	idx := make(map[string]int, len(vips))
+	for i, v := range vips {
+		idx[v] = i
+	}
+	found := make([]bool, len(vips))
+	n := 0
+	eachIPv4(dump, func(ip string) {
+		if i, ok := idx[ip]; ok && !found[i] {
+			found[i] = true
+			n++
+		}
+	})
+	eps := countEndpoints(dump)
+	if eps == want && n == len(vips) {
+		return ""
+	}
+	missing := slices.Index(found, false)
+	s := fmt.Sprintf("%d of %d endpoint DNATs, %d of %d ClusterIPs", eps, want, n, len(vips))
+	if missing >= 0 {
+		s += fmt.Sprintf(" (the first missing: %s's %s", svcName(missing), vips[missing])
+		if !found[len(found)-1] {
+			s += fmt.Sprintf(", the last: %s's %s", svcName(len(vips)-1), vips[len(vips)-1])
+		}
+		s += ")"
+	}
+	return s
+}
+
+// eachIPv4 calls fn with every dotted-quad IPv4 address in text: a run of
+// digits and dots of four numbers, not part of a longer run.
+func eachIPv4(text string, fn func(string)) {
+	for i := 0; i < len(text); {
+		if !isDigit(text[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(text) && (isDigit(text[j]) || text[j] == '.') {
+			j++
+		}
+		if tok := strings.TrimSuffix(text[i:j], "."); strings.Count(tok, ".") == 3 {
+			if _, err := netip.ParseAddr(tok); err == nil {
+				fn(tok)
+			}
+		}
+		i = j
+	}
+}

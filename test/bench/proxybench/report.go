@@ -19,10 +19,11 @@ func median(ds []time.Duration) (time.Duration, bool) {
 // metric is one row's value for one proxy: ok false when there is none, and
 // capped when the measurement hit -timeout (v is then the cap).
 type metric struct {
-	v      float64
-	ok     bool
-	capped bool
-	late   bool
+	v       float64
+	ok      bool
+	capped  bool
+	late    bool
+	skipped bool // not run: capped at a smaller size already
 }
 
 // The report's rows, in order.
@@ -46,6 +47,8 @@ const (
 func rows(r result, timeout time.Duration) [nRows]metric {
 	var m [nRows]metric
 	switch {
+	case r.skippedAt > 0:
+		m[rowScratch] = metric{v: timeout.Seconds(), ok: true, capped: true, skipped: true}
 	case r.timedOut:
 		m[rowScratch] = metric{v: timeout.Seconds(), ok: true, capped: true}
 	case r.err == nil || r.scratch > 0:
@@ -115,6 +118,9 @@ func (m metric) format(row int) string {
 	if m.late {
 		s += "*"
 	}
+	if m.skipped {
+		s += "†"
+	}
 	return s
 }
 
@@ -158,7 +164,7 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		fmt.Printf(" %10s", r.label)
 	}
 	fmt.Println()
-	late, capped, conn, reset := false, false, false, false
+	late, capped, skipped, conn, reset := false, false, false, false, false
 	for _, n := range columns {
 		conn = conn || res[n].conn != nil
 		reset = reset || res[n].reset != nil
@@ -172,6 +178,7 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 			fmt.Printf(" %14s", m[n][row].format(row))
 			late = late || m[n][rowScratch].late
 			capped = capped || res[n].timedOut
+			skipped = skipped || res[n].skippedAt > 0
 		}
 		for _, r := range ratios {
 			fmt.Printf(" %10s", ratio(m[r.a][row], m[r.b][row]))
@@ -179,14 +186,20 @@ func report(size, perSvc int, timeout time.Duration, res map[string]result) {
 		fmt.Println()
 	}
 	if late {
-		fmt.Println("  * the first sync's rules failed the kernel check; time of the first passing check (500 ms polls)")
+		fmt.Println("  * the first sync failed, or its rules failed the kernel check; time of the first passing check after a successful sync (500 ms polls)")
 	}
 	if capped {
 		fmt.Println("  > the -timeout cap was hit; peak RSS is then a lower bound, taken while the first sync ran")
 	}
+	if skipped {
+		fmt.Println("  † not run at this size: over the -timeout cap at a smaller size already (see below); a bound if more Services take no less time")
+	}
 	for _, n := range columns {
 		if err := res[n].err; err != nil {
 			fmt.Printf("  %s: %v\n", n, err)
+		}
+		if at := res[n].skippedAt; at > 0 {
+			fmt.Printf("  %s: not run, it hit the cap at %d Services\n", n, at)
 		}
 		if c := res[n].conn; c != nil && c.err != nil {
 			fmt.Printf("  %s, connections: %v\n", n, c.err)
@@ -243,12 +256,25 @@ func targets(name string, w [nRows]metric, change, scratch float64, peers []stri
 	fmt.Printf("  %s: %s\n", name, strings.Join(t, "; "))
 }
 
-func printMethod(perSvc int) {
+func printMethod(perSvc, workers int, timeout time.Duration) {
 	fmt.Printf(`method:
   Each proxy runs alone, one after the other, in a fresh network namespace on the
   lab's underlay, against the same API state (selector-less ClusterIP Services with
-  one hand-made EndpointSlice of %d ready endpoints each). The lab node's own
-  weft-agent is paused (SIGSTOP) so it takes no CPU. weft-ebpf attaches its socket
+  one hand-made EndpointSlice of %d ready endpoints each, every endpoint a unique
+  address). The lab node's own weft-agent is removed (its DaemonSet selects no node)
+  so it takes no CPU.
+  seeding: through the API server (creates of Services and EndpointSlices, %d at a
+    time, protobuf, no client-side rate limit), before each size's measurements:
+    no proxy runs while it seeds (each is started for its measurement and stopped
+    after it), so each proxy's informers list the whole state at start, the path
+    a proxy's restart takes. The bench names each Service's ClusterIP, from
+    ServiceCIDRs of its own (10.97.0.0/16 on, 65,000 Services each): the API
+    server, left to choose, allocates one ClusterIP at a time under one lock, each
+    an etcd write; a named address is allocated in parallel (-seed-dynamic-ips:
+    the old way). The progress lines
+    give the CPU the control plane and the bench took (cores, over the interval).
+  cap: each measurement (from scratch, each change) stops at -timeout (%v); a
+    proxy that hits it is reported "> %v" and not run at larger sizes (†). weft-ebpf attaches its socket
   programs to an empty cgroup the bench makes and its tc programs to the box's eth0,
   pins on a bpffs the bench mounts (emptied before each run). Proxy flags are the defaults
   otherwise: weft --min-sync-period 100ms, kube-proxy --iptables-min-sync-period 1s
@@ -260,14 +286,20 @@ func printMethod(perSvc int) {
     dumped in the namespace (iptables-save -t nat / nft list table ip kube-proxy /
     nft list table inet weft; weft-ebpf: its pinned maps, read back by the bench as
     weft-proxy --dump reads them)
-    must hold every endpoint as a DNAT target and service 0's ClusterIP, or the
-    time of the first dump that does is taken (marked *, 500 ms polls).
+    must hold every endpoint as a DNAT target and every seeded Service's
+    ClusterIP (the last one included), and no sync may have failed
+    (kubeproxy_sync_proxy_rules_iptables_restore_failures_total), or the time of
+    the first dump that does, after a successful sync
+    (kubeproxy_sync_proxy_rules_last_timestamp_seconds), is taken (marked *,
+    500 ms polls).
     The sync count is used rather than the last-sync timestamp so that every
     proxy is measured by the same counter.
   one change: one EndpointSlice update (one endpoint's IP) from just before the
     API write until /metrics counts a sync after which the dumped ruleset holds
     the new IP (polls every 5 ms for 200 ms, 20 ms to 2 s, then 100 ms): an upper
-    bound that includes the API server and watch delivery. Median of 5.
+    bound that includes the API server and watch delivery. Median of 5, on
+    Services spread from the first seeded to the last; a failed sync meanwhile
+    is an error.
     weft-ebpf: until the pinned maps, read by the bench every 1 ms, give the
     Service's frontend the new backend (what its programs read).
   its sync: the proxy's own kubeproxy_sync_proxy_rules_duration_seconds
@@ -279,7 +311,7 @@ func printMethod(perSvc int) {
     rules are programmed. Median of 5.
   peak RSS: VmHWM of the proxy process after the changes; the iptables-restore
     and nft processes it runs are not included.
-`, perSvc)
+`, perSvc, workers, timeout, timeout)
 }
 
 func printResetMethod() {
