@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -23,9 +24,10 @@ import (
 // Bed is the kernel test bed of a policy backend: the test's (isolated)
 // network namespace is the node, namespaces x and y hang off bridge weft0
 // (bridged traffic between them), z off weft1 (routed), every pod is
-// dual-stack and serves TCP and UDP on Ports. A backend's tests drive it
-// through their own apply function (the backend hook) and hold the real
-// probes against the oracle.
+// dual-stack and serves TCP and UDP on Ports (and SCTP, when the kernel
+// has it: see enableSCTP). A backend's tests drive it through their own
+// apply function (the backend hook) and hold the real probes against the
+// oracle.
 type Bed struct {
 	World    *World
 	Targets  map[string]Target // IPv4, by "ns/name"
@@ -58,6 +60,7 @@ func NewBed(t testing.TB) *Bed {
 	if !netnsutil.Isolated() {
 		t.Skip("kernel test: needs root to run in a private network namespace")
 	}
+	enableSCTP(t)
 	for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
 		if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
 			t.Fatal(err)
@@ -211,7 +214,8 @@ func (b *Bed) addPod(t testing.TB, name, br string, ip, ip6 netip.Addr, subnet i
 }
 
 // servePod, inside a pod's namespace, addresses eth0, routes through the
-// bridge's gateway and serves TCP and UDP echo on the bed's ports.
+// bridge's gateway and serves TCP and UDP echo on the bed's ports, and
+// accepts SCTP there when SCTP is one of Protocols.
 func servePod(t testing.TB, ip, ip6 netip.Addr, subnet int) error {
 	l, err := netlink.LinkByName("eth0")
 	if err != nil {
@@ -233,7 +237,13 @@ func servePod(t testing.TB, ip, ip6 netip.Addr, subnet int) error {
 			return err
 		}
 	}
+	sctp := slices.Contains(Protocols, corev1.ProtocolSCTP)
 	for _, port := range Ports {
+		if sctp {
+			if err := serveSCTP(t, port); err != nil {
+				return err
+			}
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
 		if err != nil {
 			return err

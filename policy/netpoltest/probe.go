@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/policy/oracle"
 )
@@ -25,8 +27,9 @@ type Target struct {
 var ProbeTimeout = 300 * time.Millisecond
 
 // Probe measures the cells of like (its pods, ports and protocols) with real
-// packets: a TCP connection that is accepted, or a UDP datagram that is
-// echoed back, from the source pod's namespace to the destination pod.
+// packets: a TCP connection that is accepted, a UDP datagram that is
+// echoed back, or an SCTP association that is established, from the
+// source pod's namespace to the destination pod.
 func Probe(ctx context.Context, pods map[string]Target, like oracle.Matrix) oracle.Matrix {
 	return probe(ctx, pods, like, nil)
 }
@@ -72,6 +75,9 @@ func probe(ctx context.Context, pods map[string]Target, like oracle.Matrix, want
 func probeOne(ctx context.Context, from, to Target, c oracle.Case) bool {
 	ctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
 	defer cancel()
+	if c.Proto == corev1.ProtocolSCTP {
+		return probeSCTP(ctx, from, to, c.Port)
+	}
 	addr := net.JoinHostPort(to.IP, strconv.Itoa(int(c.Port)))
 	network := strings.ToLower(string(c.Proto))
 	conn, err := netnsutil.Dialer(from.NSPath, nil)(ctx, network, addr)

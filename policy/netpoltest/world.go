@@ -3,6 +3,7 @@ package netpoltest
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -10,7 +11,9 @@ import (
 	"github.com/weftnet/weft/internal/image"
 )
 
-// The bed's names, ports and protocols.
+// The bed's names, ports and protocols. The kernel bed (NewBed) adds SCTP
+// to Protocols on a kernel that has SCTP; the lab's workloads serve TCP and
+// UDP only.
 var (
 	NamespaceNames = []string{"x", "y", "z"}
 	PodNames       = []string{"a", "b", "c"}
@@ -25,13 +28,10 @@ const (
 	PodLabel = "pod"
 )
 
-// PortName is the name of a pod's container port: serve-80-tcp, ...
+// PortName is the name of a pod's container port: serve-80-tcp,
+// serve-80-udp, serve-80-sctp, ...
 func PortName(port int32, proto corev1.Protocol) string {
-	p := "tcp"
-	if proto == corev1.ProtocolUDP {
-		p = "udp"
-	}
-	return fmt.Sprintf("serve-%d-%s", port, p)
+	return fmt.Sprintf("serve-%d-%s", port, strings.ToLower(string(proto)))
 }
 
 // WorkloadArgs are the lab workload's arguments: TCP and UDP echo on every
