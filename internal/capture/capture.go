@@ -57,9 +57,24 @@ func Start(nsPath, link string) (*Capture, error) {
 		defer close(c.done)
 		defer unix.Close(fd)
 		buf := make([]byte, 65536)
-		for !c.stop.Load() {
-			n, _, err := unix.Recvfrom(fd, buf, 0)
+		drained := 0
+		for {
+			// Once stopped, what the socket already holds is read too
+			// (without waiting, and at most a receive buffer's worth on
+			// a busy link), so that Stop returns every frame that crossed
+			// before it.
+			stopping, flags := c.stop.Load(), 0
+			if stopping {
+				flags = unix.MSG_DONTWAIT
+				if drained++; drained > 4096 {
+					return
+				}
+			}
+			n, _, err := unix.Recvfrom(fd, buf, flags)
 			if err != nil {
+				if stopping {
+					return
+				}
 				continue
 			}
 			c.mu.Lock()
