@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/weftnet/weft/policy"
+	"github.com/weftnet/weft/policy/tierbox"
 )
 
 // maxSetRange is the widest port range written into a pod's (peer, port)
@@ -66,13 +67,13 @@ func allowRules(fam family, rules []policy.Rule, dir string, addrSets map[string
 		}
 	})
 	sig := policy.Signature(rules)
-	peers := func(r policy.Rule) []peerBlock {
+	peers := func(r policy.Rule) []tierbox.Block {
 		if r.AllPeers {
-			return []peerBlock{{nets: []netip.Prefix{fam.all()}}}
+			return []tierbox.Block{tierbox.AllOf(fam.v6)}
 		}
-		var out []peerBlock
+		var out []tierbox.Block
 		for _, id := range r.Peers {
-			out = append(out, blockOf(fam, addrSets[id]))
+			out = append(out, tierbox.BlockOf(fam.v6, addrSets[id]))
 		}
 		return out
 	}
@@ -84,7 +85,7 @@ func allowRules(fam family, rules []policy.Rule, dir string, addrSets map[string
 	if hasPorts {
 		name := setName(fam, sig+"|ports")
 		if _, done := sets[name]; !done {
-			byPort := map[string][]peerBlock{}
+			byPort := map[string][]tierbox.Block{}
 			visit(func(r policy.Rule, key, _ string) {
 				if key != "" {
 					byPort[key] = append(byPort[key], peers(r)...)
@@ -108,7 +109,7 @@ func allowRules(fam family, rules []policy.Rule, dir string, addrSets map[string
 		}
 		name := setName(fam, sig+"|"+match)
 		if _, done := sets[name]; !done {
-			var blocks []peerBlock
+			var blocks []tierbox.Block
 			visit(func(r policy.Rule, key, m string) {
 				if key == "" && m == match {
 					blocks = append(blocks, peers(r)...)

@@ -37,14 +37,6 @@ func (f family) ipset() string {
 	return "inet"
 }
 
-// all is the family's whole address space.
-func (f family) all() netip.Prefix {
-	if f.v6 {
-		return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-	}
-	return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-}
-
 func (f family) only(ips []netip.Addr) []netip.Addr {
 	var out []netip.Addr
 	for _, a := range ips {

@@ -4,34 +4,8 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/weftnet/weft/policy"
+	"github.com/weftnet/weft/policy/tierbox"
 )
-
-// peerBlock is one part of a union of peers: the addresses in one of nets
-// and in none of except (a pod set is its addresses as host prefixes).
-type peerBlock struct{ nets, except []netip.Prefix }
-
-// blockOf is the family's part of an address set.
-func blockOf(fam family, s policy.AddrSet) peerBlock {
-	var b peerBlock
-	if s.Kind == policy.SetAddrs {
-		for _, a := range fam.only(s.Addrs) {
-			b.nets = append(b.nets, netip.PrefixFrom(a, a.BitLen()))
-		}
-		return b
-	}
-	for _, n := range s.Nets {
-		if fam.has(n.Addr()) {
-			b.nets = append(b.nets, n.Masked())
-		}
-	}
-	for _, e := range s.Except {
-		if fam.has(e.Addr()) {
-			b.except = append(b.except, e.Masked())
-		}
-	}
-	return b
-}
 
 // setEntries writes a union of peer blocks as hash:net entries ("prefix"
 // or "prefix nomatch"), which the kernel judges most specific prefix
@@ -41,7 +15,7 @@ func blockOf(fam family, s policy.AddrSet) peerBlock {
 // net holding the prefix and no exception holding it. Entries that agree
 // with the nearest enclosing prefix are left out. /0, which the hash
 // types lack, is written as its two halves.
-func setEntries(blocks []peerBlock) []string {
+func setEntries(blocks []tierbox.Block) []string {
 	type mark struct{ in, out []int } // blocks naming the prefix as net / exception
 	marks := map[netip.Prefix]*mark{}
 	at := func(p netip.Prefix) *mark {
@@ -53,10 +27,10 @@ func setEntries(blocks []peerBlock) []string {
 		return m
 	}
 	for i, b := range blocks {
-		for _, n := range b.nets {
+		for _, n := range b.Nets {
 			at(n).in = append(at(n).in, i)
 		}
-		for _, e := range b.except {
+		for _, e := range b.Except {
 			at(e).out = append(at(e).out, i)
 		}
 	}
@@ -68,7 +42,7 @@ func setEntries(blocks []peerBlock) []string {
 	for _, p := range named {
 		if p.Bits() == 0 {
 			lo := netip.PrefixFrom(p.Addr(), 1)
-			hi := netip.PrefixFrom(lastAddr(p), 1).Masked()
+			hi := netip.PrefixFrom(tierbox.PrefixRange(p).Hi, 1).Masked()
 			at(lo)
 			at(hi)
 			prefixes = append(prefixes, lo, hi)
@@ -123,21 +97,4 @@ func setEntries(blocks []peerBlock) []string {
 		}
 	}
 	return out
-}
-
-// lastAddr is the highest address of p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().As16()
-	off := 0
-	if p.Addr().Is4() {
-		off = 96
-	}
-	for i := p.Bits() + off; i < 128; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a := netip.AddrFrom16(b)
-	if p.Addr().Is4() {
-		a = a.Unmap()
-	}
-	return a
 }

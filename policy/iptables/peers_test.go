@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/weftnet/weft/policy/tierbox"
 )
 
 // lookup judges addr the way the kernel's hash:net types do: the most
@@ -34,16 +36,16 @@ func TestSetEntriesExact(t *testing.T) {
 		return netip.PrefixFrom(a, bits).Masked()
 	}
 	for round := range 300 {
-		var blocks []peerBlock
+		var blocks []tierbox.Block
 		for range 1 + r.IntN(4) {
-			var b peerBlock
+			var b tierbox.Block
 			for range 1 + r.IntN(3) {
-				b.nets = append(b.nets, randPrefix())
+				b.Nets = append(b.Nets, randPrefix())
 			}
 			for range r.IntN(4) {
 				e := randPrefix()
-				if e.Bits() > b.nets[0].Bits() {
-					b.except = append(b.except, e)
+				if e.Bits() > b.Nets[0].Bits() {
+					b.Except = append(b.Except, e)
 				}
 			}
 			blocks = append(blocks, b)
@@ -57,10 +59,10 @@ func TestSetEntriesExact(t *testing.T) {
 			want := false
 			for _, b := range blocks {
 				in, out := false, false
-				for _, n := range b.nets {
+				for _, n := range b.Nets {
 					in = in || n.Contains(addr)
 				}
-				for _, e := range b.except {
+				for _, e := range b.Except {
 					out = out || e.Contains(addr)
 				}
 				want = want || (in && !out)

@@ -137,13 +137,17 @@ func tierLines(fam family, tier, sig string, rules []policy.TierRule, dir string
 		}
 		return name
 	}
-	covering := func(ss []tierbox.TierSpan) []tierbox.TierSpan { return ss }
+	// cut cuts spans' port axes into pieces, each with the spans covering it.
+	cut := func(ss []tierbox.TierSpan) []tierbox.Box[[]tierbox.TierSpan] {
+		return tierbox.CutPorts(ss, spanBounds, func(c []tierbox.TierSpan) []tierbox.TierSpan { return c },
+			func(c []tierbox.TierSpan) bool { return len(c) == 0 }, noEqual)
+	}
 	var lines []tierLine
 
 	// Narrow points whose verdict the wide pieces do not give, port by
 	// port: the pieces of all spans that a narrow span covers.
 	var points []tierbox.Box[[]tierbox.TierSpan]
-	for _, b := range tierbox.CutPorts(spans, spanBounds, covering, func(c []tierbox.TierSpan) bool { return len(c) == 0 }, noEqual) {
+	for _, b := range cut(spans) {
 		if slices.ContainsFunc(b.V, narrow) {
 			points = append(points, b)
 		}
@@ -172,40 +176,34 @@ func tierLines(fam family, tier, sig string, rules []policy.TierRule, dir string
 		lines = append(lines, tierLine{fmt.Sprintf("-m set --match-set %s %s,dst %s", name, dir, comment(a, "ports")), a})
 	}
 
+	// lookups adds, per verdict present in spans, the hash:net set of the
+	// addresses its first matches claim (named id|verdict) and its rule,
+	// after the port match match.
+	lookups := func(spans []tierbox.TierSpan, id, match, what string) {
+		claims := tierbox.FirstClaims(spans)
+		for _, a := range tierVerdicts {
+			if has(spans, a) {
+				name := set(id+"|"+string(a), "hash:net", func() []string { return prefixes(claims[string(a)]) })
+				lines = append(lines, tierLine{fmt.Sprintf("%s-m set --match-set %s %s %s", match, name, dir, comment(a, what)), a})
+			}
+		}
+	}
+
 	// Wide pieces: one lookup per verdict for every protocol when only
 	// rules without ports are wide, else per protocol and piece.
 	if uniform(wide, other) {
-		claims := tierbox.FirstClaims(other)
-		for _, a := range tierVerdicts {
-			if has(other, a) {
-				name := set("any|"+string(a), "hash:net", func() []string { return prefixes(claims[string(a)]) })
-				lines = append(lines, tierLine{fmt.Sprintf("-m set --match-set %s %s %s", name, dir, comment(a, "any")), a})
-			}
-		}
+		lookups(other, "any", "", "any")
 		return lines
 	}
-	for _, b := range tierbox.CutPorts(wide, spanBounds, covering, func(c []tierbox.TierSpan) bool { return len(c) == 0 }, noEqual) {
-		claims := tierbox.FirstClaims(b.V)
-		match := piecePortMatch(b.Proto, b.From, b.To)
-		for _, a := range tierVerdicts {
-			if has(b.V, a) {
-				name := set("wide|"+b.Proto+":"+b.Ports()+"|"+string(a), "hash:net", func() []string { return prefixes(claims[string(a)]) })
-				lines = append(lines, tierLine{fmt.Sprintf("%s-m set --match-set %s %s %s", match, name, dir, comment(a, b.Proto+" "+b.Ports())), a})
-			}
-		}
+	for _, b := range cut(wide) {
+		lookups(b.V, "wide|"+b.Proto+":"+b.Ports(), piecePortMatch(b.Proto, b.From, b.To), b.Proto+" "+b.Ports())
 	}
 	if len(other) > 0 {
 		// The other protocols meet the sets of the rules without ports.
 		// TCP, UDP and SCTP need no exclusion: an address in these sets is
 		// in a rule without ports, which covers each of their ports, so
 		// their packets from it were decided above.
-		claims := tierbox.FirstClaims(other)
-		for _, a := range tierVerdicts {
-			if has(other, a) {
-				name := set("other|"+string(a), "hash:net", func() []string { return prefixes(claims[string(a)]) })
-				lines = append(lines, tierLine{fmt.Sprintf("-m set --match-set %s %s %s", name, dir, comment(a, "other protocols")), a})
-			}
-		}
+		lookups(other, "other", "", "other protocols")
 	}
 	return lines
 }
@@ -266,7 +264,7 @@ func prefixes(rs []tierbox.Range) []string {
 	for _, r := range rs {
 		for _, p := range tierbox.Prefixes(r) {
 			if p.Bits() == 0 {
-				out = append(out, netip.PrefixFrom(p.Addr(), 1).String(), netip.PrefixFrom(lastAddr(p), 1).Masked().String())
+				out = append(out, netip.PrefixFrom(p.Addr(), 1).String(), netip.PrefixFrom(tierbox.PrefixRange(p).Hi, 1).Masked().String())
 				continue
 			}
 			out = append(out, p.String())

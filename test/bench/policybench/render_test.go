@@ -29,20 +29,24 @@ func BenchmarkRenderNFTables(b *testing.B) {
 // BenchmarkCompileWithClusterPolicies compiles 1,000 NetworkPolicies and
 // 1,000 ClusterNetworkPolicies over 2,000 pods.
 func BenchmarkCompileWithClusterPolicies(b *testing.B) {
-	in := world(2000)
-	in.Policies = scalePolicies(1000)
-	in.ClusterPolicies = scaleClusterPolicies(1000)
+	in := clusterPolicyWorld()
 	for b.Loop() {
 		policy.Compile(in)
 	}
 }
 
-// BenchmarkRenderNFTablesWithClusterPolicies renders that state.
-func BenchmarkRenderNFTablesWithClusterPolicies(b *testing.B) {
+// clusterPolicyWorld is 2,000 pods with 1,000 NetworkPolicies and 1,000
+// ClusterNetworkPolicies.
+func clusterPolicyWorld() policy.Input {
 	in := world(2000)
 	in.Policies = scalePolicies(1000)
 	in.ClusterPolicies = scaleClusterPolicies(1000)
-	d := policy.Compile(in)
+	return in
+}
+
+// BenchmarkRenderNFTablesWithClusterPolicies renders that state.
+func BenchmarkRenderNFTablesWithClusterPolicies(b *testing.B) {
+	d := policy.Compile(clusterPolicyWorld())
 	for b.Loop() {
 		polnft.Render(d, polnft.Config{NodeName: nodeName})
 	}
@@ -51,10 +55,7 @@ func BenchmarkRenderNFTablesWithClusterPolicies(b *testing.B) {
 // BenchmarkRenderWithClusterPolicies renders that state with the
 // iptables backend.
 func BenchmarkRenderWithClusterPolicies(b *testing.B) {
-	in := world(2000)
-	in.Policies = scalePolicies(1000)
-	in.ClusterPolicies = scaleClusterPolicies(1000)
-	d := policy.Compile(in)
+	d := policy.Compile(clusterPolicyWorld())
 	for b.Loop() {
 		polipt.Render(d, polipt.Config{NodeName: nodeName})
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
+	procstat "github.com/weftnet/weft/internal/proc"
 	"github.com/weftnet/weft/lab"
 	"github.com/weftnet/weft/test/bench/benchlab"
 )
@@ -167,18 +167,9 @@ func cpuShares(cpu map[string]float64, d time.Duration) string {
 func (s *seeder) cpuTimes() map[string]float64 {
 	out := map[string]float64{}
 	read := func(name string, pid int) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return
+		if d, err := procstat.CPU(pid); err == nil {
+			out[name] = d.Seconds()
 		}
-		_, rest, ok := strings.Cut(string(b), ") ")
-		f := strings.Fields(rest)
-		if !ok || len(f) < 13 {
-			return
-		}
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		out[name] = (ut + st) / 100 // USER_HZ
 	}
 	for _, n := range seedProcs {
 		if pid, ok := lab.PID(s.labDir, n); ok {
