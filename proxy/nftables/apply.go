@@ -314,7 +314,7 @@ func (p *plan) fillSets(rs *Ruleset, st *Stats) {
 		if s.Timeout > 0 {
 			continue
 		}
-		p.refill(s, rs.elements[s.Name], st)
+		p.refill(s, rs.elements[s.dataName()], st)
 	}
 }
 
@@ -423,13 +423,23 @@ func (a *Applier) kernelRules(ctx context.Context, c *Chain) ([]string, error) {
 
 // partial plans what changed since the last apply.
 func (a *Applier) partial(ctx context.Context, p *plan, rs *Ruleset, st *Stats, next *applied) error {
-	byName := map[string]*Set{}
+	// byName: the sets by kernel name; byData: by the name their elements
+	// and changes have. A set new to the kernel (a new endpoint count or
+	// timeout, a map given another size class) is filled whole, not from
+	// the changes.
+	byName, byData := map[string]*Set{}, map[string]*Set{}
+	var fill []*Set
 	for i := range rs.Sets {
 		s := &rs.Sets[i]
 		byName[s.Name] = s
-		if _, ok := a.applied.sets[s.Name]; !ok {
-			p.add(&p.pre, txAdd, s.object())
-			st.Objects++
+		if _, ok := a.applied.sets[s.Name]; ok {
+			byData[s.dataName()] = s
+			continue
+		}
+		p.add(&p.pre, txAdd, s.object())
+		st.Objects++
+		if s.Timeout == 0 {
+			fill = append(fill, s)
 		}
 	}
 	wantChain := map[string]bool{}
@@ -452,16 +462,19 @@ func (a *Applier) partial(ctx context.Context, p *plan, rs *Ruleset, st *Stats, 
 		}
 	}
 	for _, c := range rs.changes {
-		if s := byName[c.set]; c.had && s != nil {
+		if s := byData[c.set]; c.had && s != nil {
 			p.change(elemOp{verb: elemDelete, set: s, key: c.key})
 			st.ElementDeletes++
 		}
 	}
 	for _, c := range rs.changes {
-		if c.has {
-			p.change(elemOp{verb: elemAdd, set: byName[c.set], key: c.key, value: c.new})
+		if s := byData[c.set]; c.has && s != nil {
+			p.change(elemOp{verb: elemAdd, set: s, key: c.key, value: c.new})
 			st.ElementAdds++
 		}
+	}
+	for _, s := range fill {
+		p.refill(s, rs.elements[s.dataName()], st)
 	}
 	for _, n := range sortedKeys(a.applied.chains) {
 		if !wantChain[n] {

@@ -31,6 +31,12 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b := NewWith(cfg, nft)
 	b.applier.elements = netlinkElements{table: TableName}
+	// The maps of a table left by an earlier run keep their size classes
+	// where they still fit. Without a table there is nothing to adopt; any
+	// other listing error the first (full) sync meets again and reports.
+	if maps, err := nft.List(context.Background(), "map"); err == nil {
+		b.renderer.Adopt(maps)
+	}
 	return b, nil
 }
 

@@ -269,3 +269,98 @@ func TestKernelElementsMatchTheRender(t *testing.T) {
 		check(step.name)
 	}
 }
+
+// TestLoadBalancingMapSizeClasses: a load-balancing map past 8,192
+// elements is declared with a size, and given a larger one (a new map,
+// filled before the old one goes) when it outgrows it, in partial syncs
+// whose traffic never stops; a restarted proxy keeps the map whose class
+// still fits; a map that shrinks goes back to a plain one.
+func TestLoadBalancingMapSizeClasses(t *testing.T) {
+	pods := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
+	n, b := newNode(t, pods...)
+	var local []proxytest.Endpoint
+	for _, p := range pods {
+		local = append(local, n.Local(p))
+	}
+	web := proxytest.Service("web", "10.96.100.10", nil) // apart from the bulk's 10.96.0-3.x
+	webSlice := proxytest.Slice("web", local...)
+	// bulk Services of 2 ports x 10 endpoints: 20 elements each in lb4-10.
+	svcs, bulkSlices := proxytest.BenchObjects(900)
+	load := func(bulk int) {
+		n.Svcs = append([]*corev1.Service{web}, svcs[:bulk]...)
+		n.Slices = append([]*discoveryv1.EndpointSlice{webSlice}, bulkSlices[:bulk]...)
+		n.Sync()
+	}
+	maps := func() []string {
+		t.Helper()
+		var doc struct {
+			Nftables []map[string]struct {
+				Name string `json:"name"`
+				Size int    `json:"size"`
+			} `json:"nftables"`
+		}
+		out, err := exec.Command("nft", "--json", "list", "maps", "inet").Output()
+		if err != nil {
+			t.Fatalf("listing the maps: %v", err)
+		}
+		if err := json.Unmarshal(out, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, o := range doc.Nftables {
+			if m, ok := o["map"]; ok && strings.HasPrefix(m.Name, "lb4-10") {
+				names = append(names, fmt.Sprintf("%s/%d", m.Name, m.Size))
+			}
+		}
+		return names
+	}
+	expect := func(step string, want string) {
+		t.Helper()
+		if got := maps(); !slices.Equal(got, []string{want}) {
+			t.Fatalf("%s: the kernel's lb4-10 maps are %v, want %s", step, got, want)
+		}
+		els := kernelElements(t)[strings.Split(want, "/")[0]]
+		// the bulk's and web's 10 elements, at least: what the render
+		// holds is checked element by element by TestKernelElementsMatchTheRender.
+		if len(els) < 10 {
+			t.Fatalf("%s: %s holds %d elements", step, want, len(els))
+		}
+		seen := map[string]bool{}
+		for range 40 {
+			r, err := proxytest.Get(n.Pods["a"].NS, "", "http://10.96.100.10/")
+			if err != nil {
+				t.Fatalf("%s: web: %v", step, err)
+			}
+			seen[r.Pod] = true
+		}
+		if len(seen) < 2 {
+			t.Fatalf("%s: web answered only from %v", step, seen)
+		}
+	}
+
+	load(500) // 10,010 elements: a size of 2^14
+	expect("first sync", "lb4-10-s14/16384")
+	load(900) // 18,010: past 2^14, grown to 2^15
+	if st := b.LastStats; st.Full || st.Objects == 0 {
+		t.Fatalf("growing: %+v, want a partial sync with a new map", st)
+	}
+	expect("grown", "lb4-10-s15/32768")
+	load(300) // 6,010: under 8,192 but more than an eighth: kept
+	if st := b.LastStats; st.Full || st.Objects != 0 || st.Rules != 0 {
+		t.Fatalf("shrinking a little: %+v, want element writes only", st)
+	}
+	expect("kept", "lb4-10-s15/32768")
+
+	// A restart: a fresh renderer alone would give 6,010 elements a plain
+	// map; the new backend adopts the kernel's class instead.
+	n.Backend = n.NewBackend()
+	b = n.Backend.(*nftables.Backend)
+	load(300)
+	if st := b.LastStats; !st.Full || st.Rules != 0 || st.Objects != 0 {
+		t.Fatalf("restart: %+v, want a full sync keeping every chain and map", st)
+	}
+	expect("restarted", "lb4-10-s15/32768")
+
+	load(100) // 2,010: under an eighth, back to a plain map
+	expect("shrunk", "lb4-10/0")
+}

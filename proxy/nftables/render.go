@@ -37,6 +37,7 @@ type Renderer struct {
 	counts   map[int]map[int]int     // family -> endpoint count -> elements in its maps
 	timeouts map[int]map[int]int     // family -> affinity seconds -> frontends
 	affinity map[packed]*frontendOut // by frontend key
+	sizes    lbSizes
 	stale    bool
 	// cursor: the tracker's snapshot last rendered, whose Delta then names
 	// the ports to look at.
@@ -53,7 +54,19 @@ func NewRenderer(cfg Config) *Renderer {
 		byEps: map[*model.Endpoint]*portOut{}, claims: map[frontend][]*portOut{},
 		winner: map[frontend]*portOut{}, hairpin: map[setKey]int{}, elements: map[string]map[packed]packedValue{},
 		pending: map[string]map[packed]*change{}, counts: map[int]map[int]int{4: {}, 6: {}},
-		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[packed]*frontendOut{}}
+		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[packed]*frontendOut{}, sizes: lbSizes{}}
+}
+
+// Adopt takes the size classes of the load-balancing maps a table already
+// has (their kernel names, as listed), so that a restarted proxy keeps a
+// map whose class still fits instead of filling a new one. Call it before
+// the first Update.
+func (r *Renderer) Adopt(kernelNames []string) {
+	for _, k := range kernelNames {
+		if m, e, ok := adoptSize(k); ok {
+			r.sizes[m] = e
+		}
+	}
 }
 
 // setKey is an element's set and key.
@@ -104,10 +117,35 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 			timeouts[fam] = sortedInts(r.timeouts[fam], defaultAffinitySeconds)
 		}
 	}
-	rs := &Ruleset{Chains: chains(r.cfg, counts, timeouts), Sets: sets(r.cfg, counts, timeouts), elements: r.elements,
+	r.resize(counts)
+	rs := &Ruleset{Chains: chains(r.cfg, counts, timeouts, r.sizes), Sets: sets(r.cfg, counts, timeouts, r.sizes), elements: r.elements,
 		changes: r.changes(), ChangesUnknown: !r.rendered, AffinityStale: r.stale, affinityValid: r.affinityValid}
 	r.stale, r.rendered = false, true
 	return rs
+}
+
+// resize gives each load-balancing map the size class its elements need
+// (see lbSizes), and forgets those of maps that are gone.
+func (r *Renderer) resize(counts map[int][]int) {
+	want := map[string]bool{}
+	for fam, ns := range counts {
+		for _, n := range ns {
+			for _, cluster := range []bool{false, true} {
+				m := lbMap(cluster, fam, n)
+				want[m] = true
+				if e := nextSize(r.sizes[m], len(r.elements[m])); e != 0 {
+					r.sizes[m] = e
+				} else {
+					delete(r.sizes, m)
+				}
+			}
+		}
+	}
+	for m := range r.sizes {
+		if !want[m] {
+			delete(r.sizes, m)
+		}
+	}
 }
 
 // presize makes the element maps of a first render at their size (at

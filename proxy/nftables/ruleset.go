@@ -79,13 +79,81 @@ func proto(p model.Protocol) string { return strings.ToLower(string(p)) }
 func name(base string, fam int) string { return base + strconv.Itoa(fam) }
 
 // lbMap is the load-balancing map of frontends with n endpoints (cluster:
-// the cluster-wide lists of externalTrafficPolicy Local frontends).
+// the cluster-wide lists of externalTrafficPolicy Local frontends), as the
+// renderer names its elements; in the kernel a large one carries its size
+// class (lbSizes).
 func lbMap(cluster bool, fam, n int) string {
 	base := "lb"
 	if cluster {
 		base = "lb-cluster"
 	}
 	return fmt.Sprintf("%s-%d", name(base, fam), n)
+}
+
+// Size classes of the load-balancing maps.
+//
+// A set without a declared size is a resizable hash (rhashtable) in the
+// kernel, and filling a large one is dominated by its growth: at 100k
+// Services x 10 endpoints, 2M elements into one map took 8.3 s of a first
+// sync's 13.8 s, mostly in rhashtable_insert_slow while the table was being
+// rehashed; with a declared size the kernel picks a hash of fixed buckets
+// and the same load took 3.6 s. A declared size is also a limit, and it
+// cannot change. So a map of at least sizedFrom elements is declared with
+// room for a quarter more than it holds, rounded up to a power of two, and
+// its kernel name carries that class ("lb4-10-s22"): a sync that needs
+// more room, or that leaves it an eighth full, gives the map a new class,
+// which is a new map filled in the element batch while the old one keeps
+// serving (the load-balancing chains are order-free: a frontend missing
+// from the new map falls through to the old one's rule), deleted after it.
+// Smaller maps keep a resizable hash and their plain name.
+const (
+	sizedFrom = 1 << 13
+	minSized  = 14 // the smallest class: room for sizedFrom and its quarter
+)
+
+// lbSizes are the size classes (exponents) of the load-balancing maps, by
+// the renderer's name; a map not listed has no declared size.
+type lbSizes map[string]uint8
+
+// kernelName is the name of the renderer's map m in the kernel.
+func (z lbSizes) kernelName(m string) string {
+	if e := z[m]; e != 0 {
+		return m + "-s" + strconv.Itoa(int(e))
+	}
+	return m
+}
+
+// next is the class of a map of class cur that is to hold n elements.
+func nextSize(cur uint8, n int) uint8 {
+	fit := func() uint8 {
+		if n < sizedFrom {
+			return 0
+		}
+		e := uint8(minSized)
+		for 1<<e < n+n/4 {
+			e++
+		}
+		return e
+	}
+	switch {
+	case cur == 0 && n >= sizedFrom, cur != 0 && (n > 1<<cur || n < (1<<cur)/8):
+		return fit()
+	}
+	return cur
+}
+
+// adoptSize reads the class of a load-balancing map from its kernel name:
+// the renderer's name and class, or ok false for another name.
+func adoptSize(kernel string) (m string, e uint8, ok bool) {
+	i := strings.LastIndex(kernel, "-s")
+	if i < 0 || !strings.HasPrefix(kernel, "lb") {
+		return "", 0, false
+	}
+	n, ok := suffixInt(kernel[i:], "-s")
+	if !ok || n < minSized || n > 31 {
+		return "", 0, false
+	}
+	return kernel[:i], uint8(n), true
 }
 
 // affinitySet holds the IPv4 frontends with ClientIP affinity of that
@@ -130,12 +198,23 @@ type Set struct {
 	// Timeout is set on the dynamic client maps of ClientIP affinity:
 	// written by the packet path, their elements are not weft's to rewrite.
 	Timeout int
+	// data names the set's elements in the ruleset (the renderer's name;
+	// empty: Name).
+	data string
 	// keyFields and valueFields lay the key and value out (elem.go) for
 	// the family; nftOnly: nft writes the elements (the interval set), not
 	// the element writer (netlink.go).
 	keyFields, valueFields []field
 	family                 int
 	nftOnly                bool
+}
+
+// dataName is the name of s's elements in the ruleset.
+func (s *Set) dataName() string {
+	if s.data != "" {
+		return s.data
+	}
+	return s.Name
 }
 
 func (s Set) object() knftables.Object {
@@ -217,7 +296,7 @@ const l4 = "meta l4proto { tcp, udp, sctp }"
 
 // sets are the table's sets and maps for the given endpoint counts and
 // affinity timeouts in use (beyond the preset ones).
-func sets(cfg Config, counts map[int][]int, timeouts map[int][]int) []Set {
+func sets(cfg Config, counts map[int][]int, timeouts map[int][]int, sizes lbSizes) []Set {
 	var out []Set
 	for _, fam := range cfg.families() {
 		w := words(fam)
@@ -244,8 +323,13 @@ func sets(cfg Config, counts map[int][]int, timeouts map[int][]int) []Set {
 		}
 		for _, n := range counts[fam] {
 			for _, cluster := range []bool{false, true} {
-				out = append(out, Set{Name: lbMap(cluster, fam, n), Key: fe + " . numgen random mod " + strconv.Itoa(n), Value: dest,
-					keyFields: append(slices.Clone(feFields), fieldInt), valueFields: destFields, family: fam})
+				m := lbMap(cluster, fam, n)
+				s := Set{Name: sizes.kernelName(m), data: m, Key: fe + " . numgen random mod " + strconv.Itoa(n), Value: dest,
+					keyFields: append(slices.Clone(feFields), fieldInt), valueFields: destFields, family: fam}
+				if e := sizes[m]; e != 0 {
+					s.Size = 1 << e
+				}
+				out = append(out, s)
 			}
 		}
 	}
@@ -253,7 +337,7 @@ func sets(cfg Config, counts map[int][]int, timeouts map[int][]int) []Set {
 }
 
 // chains are the table's chains for the given counts and timeouts.
-func chains(cfg Config, counts map[int][]int, timeouts map[int][]int) []*Chain {
+func chains(cfg Config, counts map[int][]int, timeouts map[int][]int, sizes lbSizes) []*Chain {
 	mark := fmt.Sprintf("meta mark set meta mark | %#x", cfg.masqMark())
 	base := func(n string, t knftables.BaseChainType, h knftables.BaseChainHook, p knftables.BaseChainPriority, rules ...string) *Chain {
 		return &Chain{Name: n, Type: t, Hook: h, Priority: p, Rules: rules}
@@ -313,9 +397,10 @@ func chains(cfg Config, counts map[int][]int, timeouts map[int][]int) []*Chain {
 			for _, n := range counts[fam] {
 				if hashedAffinity(fam) {
 					c.Rules = append(c.Rules, fmt.Sprintf("%s dnat %s to %s . jhash %s saddr mod %d map @%s",
-						on("affinity"), w.ip, fe, w.ip, n, lbMap(cluster, fam, n)))
+						on("affinity"), w.ip, fe, w.ip, n, sizes.kernelName(lbMap(cluster, fam, n))))
 				}
-				c.Rules = append(c.Rules, fmt.Sprintf("%s dnat %s to %s . numgen random mod %d map @%s", l4, w.ip, fe, n, lbMap(cluster, fam, n)))
+				c.Rules = append(c.Rules, fmt.Sprintf("%s dnat %s to %s . numgen random mod %d map @%s", l4, w.ip, fe, n,
+					sizes.kernelName(lbMap(cluster, fam, n))))
 			}
 			lbs = append(lbs, c)
 		}
