@@ -147,6 +147,7 @@ bench: deps build kube image node coredns
 	# The lab: a 3-node lab up, and pod start latency on its real nodes (a 30-replica Deployment to all Ready).
 	$(GO) run ./test/bench/podstartbench
 	$(GO) run ./test/bench/proxybench $(PROXY_BENCH_FLAGS)
+	$(GO) run ./test/bench/pktbench
 	$(GO) run ./test/bench/dnsbench $(DNS_BENCH_FLAGS)
 	$(GO) run ./test/bench/policybench
 	# BGP: 100 nodes through two route reflectors: podCIDR install and node deletion across all nodes, speaker peak RSS at 100 and 1,000 routes.

@@ -1,0 +1,423 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	procstat "github.com/weftnet/weft/internal/proc"
+)
+
+// env is what every subject's measurement shares.
+type env struct {
+	bin, kc, logDir string
+	opts            options
+	ebpf            *ebpfEnv // made for the first eBPF subject
+	drop            *ebpf.Program
+	nonce           uint64
+	worlds          int
+}
+
+type options struct {
+	duration      time.Duration
+	runs          int
+	pktSize       int
+	flows         int
+	batch         int
+	local, remote int
+	readyTimeout  time.Duration
+}
+
+// run is one generator run: a baseline (the node drops every packet at
+// its uplink's ingress) or a forward run (the proxy forwards them).
+type run struct {
+	gen      genResult
+	arrived  uint64   // node1's uplink rx_packets
+	refused  uint64   // the generator's tx_dropped (node1's backlog full)
+	fwd      []uint64 // each backend's rx_packets, in pods' order
+	softirqd time.Duration
+	busy     time.Duration // every CPU's non-idle time
+	proxyCPU time.Duration // the proxy process (ticks: 10 ms)
+}
+
+// pipeline is the CPU the packets took: the generator thread's (with the
+// softirq processing veth runs in it) and ksoftirqd's (what was deferred).
+func (r run) pipeline() time.Duration { return r.gen.CPU + r.softirqd }
+
+func (r run) forwarded() uint64 {
+	var n uint64
+	for _, v := range r.fwd {
+		n += v
+	}
+	return n
+}
+
+// pair is a baseline run and the forward run after it.
+type pair struct{ base, fwd run }
+
+// result is one subject's.
+type result struct {
+	name     string
+	notRun   string // why it was not run (not in this build)
+	err      error
+	answers  map[string]int // the probe's answers per backend
+	check    string         // the sample check's findings
+	idleRx   uint64         // backends' rx over an idle second
+	pairs    []pair
+	pods     []pod
+	proxyLog string
+}
+
+func newNonce() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
+}
+
+// measure runs subject s alone on a fresh world.
+func (e *env) measure(ctx context.Context, s subject) (r result) {
+	r.name = s.name
+	if ok, err := available(s, e.bin); err != nil || !ok {
+		if err != nil {
+			r.err = err
+		} else {
+			r.notRun = fmt.Sprintf("%s has no --%s in this build", s.prog, s.needs)
+		}
+		return r
+	}
+	w, err := newWorld(e.worlds, e.opts.local, e.opts.remote)
+	e.worlds++
+	if err != nil {
+		r.err = fmt.Errorf("building the namespaces: %w", err)
+		return r
+	}
+	defer w.close()
+	r.pods = w.pods
+	stopEcho, err := startEchoes(w.pods)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer func() {
+		if stopEcho != nil {
+			stopEcho()
+		}
+	}()
+
+	// The proxy (and on node2 too, for a subject that needs both).
+	nodes := []struct{ path, name, ip string }{{w.node1, node1Name, node1IP.String()}}
+	if s.bothNodes {
+		nodes = append(nodes, struct{ path, name, ip string }{w.node2, node2Name, node2IP.String()})
+	}
+	var procs []*proc
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+		if s.ebpf() {
+			e.ebpf.reset()
+		}
+	}()
+	for _, n := range nodes {
+		args := commonArgs(s, e.bin, e.kc, n.name, n.ip)
+		if s.ebpf() {
+			if e.ebpf == nil {
+				if e.ebpf, err = newEBPFEnv(); err != nil {
+					r.err = err
+					return r
+				}
+			}
+			more, err := e.ebpf.args(n.name)
+			if err != nil {
+				r.err = err
+				return r
+			}
+			args = append(args, more...)
+		}
+		log := filepath.Join(e.logDir, fmt.Sprintf("%s-%s.log", s.name, n.name))
+		p, err := start(n.path, log, args)
+		if err != nil {
+			r.err = err
+			return r
+		}
+		procs = append(procs, p)
+	}
+	r.proxyLog = procs[0].log
+	alive := func() error {
+		for _, p := range procs {
+			if err := p.exited(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+
+	// 1. The path works: every backend answers through the NodePort.
+	if r.answers, err = probe(ctx, w.gen, w.pods, time.Now().Add(e.opts.readyTimeout), alive); err != nil {
+		r.err = fmt.Errorf("probe: %w", err)
+		return r
+	}
+	if !seenBoth(w.pods, r.answers) {
+		r.err = fmt.Errorf("probe: a local and a remote backend must answer: %v", r.answers)
+		return r
+	}
+	stopEcho()
+	stopEcho = nil
+
+	// 2. The backends drop what arrives (after their rx counter).
+	for _, p := range w.pods {
+		l, err := attachDrop(p.path, podDev, e.drop)
+		if err != nil {
+			r.err = err
+			return r
+		}
+		defer l.Close()
+	}
+	spec := genSpec{Dev: genDev, DstMAC: w.uplinkMAC, SrcMAC: w.genMAC, Src: genUplinkIP, Dst: node1IP,
+		Dport: nodePort, SportMin: sportMin, Flows: e.opts.flows, Size: e.opts.pktSize, Batch: e.opts.batch, Nonce: e.nonce}
+
+	// 3. What the backends count is the generator's.
+	if r.check, err = e.sampleCheck(w, spec); err != nil {
+		r.err = fmt.Errorf("sample check: %w", err)
+		return r
+	}
+	before, err := w.backendRx()
+	if err == nil {
+		time.Sleep(time.Second)
+		var after []uint64
+		if after, err = w.backendRx(); err == nil {
+			for i := range after {
+				r.idleRx += after[i] - before[i]
+			}
+		}
+	}
+	if err != nil {
+		r.err = err
+		return r
+	}
+
+	// 4. The runs: a baseline, then a forward run, runs times.
+	spec.Duration = e.opts.duration
+	for i := range e.opts.runs {
+		var pr pair
+		l, err := attachDrop(w.node1, uplinkDev, e.drop)
+		if err != nil {
+			r.err = err
+			return r
+		}
+		pr.base, err = e.oneRun(w, spec, procs[0])
+		l.Close()
+		if err != nil {
+			r.err = fmt.Errorf("baseline run %d: %w", i+1, err)
+			return r
+		}
+		if n := pr.base.forwarded(); n > uint64(pr.base.gen.Sent)/1000 {
+			r.err = fmt.Errorf("baseline run %d: the backends counted %d packets while the node dropped at its uplink", i+1, n)
+			return r
+		}
+		if pr.fwd, err = e.oneRun(w, spec, procs[0]); err != nil {
+			r.err = fmt.Errorf("forward run %d: %w", i+1, err)
+			return r
+		}
+		if err := alive(); err != nil {
+			r.err = err
+			return r
+		}
+		r.pairs = append(r.pairs, pr)
+		if ctx.Err() != nil {
+			r.err = ctx.Err()
+			return r
+		}
+	}
+	return r
+}
+
+// sportMin is the generator's first source port: its flows stay clear of
+// the NodePort range and of the local port range a masquerade uses.
+const sportMin = 10000
+
+// sampleCheck runs the generator for 300 ms with a capture on every
+// backend's interface and checks that each backend receives the
+// generator's packets (the payload's magic and this run's nonce), with
+// the backend's address and port as destination, and no other IPv4
+// packet. It describes what it found: the sources the backends saw (the
+// masquerade address, or the client's).
+func (e *env) sampleCheck(w *world, spec genSpec) (string, error) {
+	var caps []*capture
+	defer func() {
+		for _, c := range caps {
+			c.close()
+		}
+	}()
+	for _, p := range w.pods {
+		c, err := openCapture(p.path, podDev)
+		if err != nil {
+			return "", err
+		}
+		caps = append(caps, c)
+	}
+	spec.Duration = 300 * time.Millisecond
+	g, err := runGen(w.gen, spec)
+	if err != nil {
+		return "", err
+	}
+	settle()
+	srcs := map[string]int{}
+	var found []string
+	for i, c := range caps {
+		s, err := c.read(e.nonce)
+		if err != nil {
+			return "", err
+		}
+		p := w.pods[i]
+		want := fmt.Sprintf("%s:%d", p.ip, targetPort)
+		switch {
+		case s.ours == 0:
+			return "", fmt.Errorf("backend %s captured none of the generator's packets (%d sent; other IPv4 %d, non-IPv4 %d)", p.name, g.Sent, s.otherIPv4, s.nonIP)
+		case s.otherIPv4 > 0:
+			return "", fmt.Errorf("backend %s captured %d IPv4 packets that are not the generator's", p.name, s.otherIPv4)
+		case len(s.dst) != 1 || s.dst[want] == 0:
+			return "", fmt.Errorf("backend %s: the generator's packets arrived for %v, not %s", p.name, s.dst, want)
+		}
+		for k, v := range s.srcs {
+			srcs[fmt.Sprintf("%s@%s", k, p.name)] += v
+		}
+		found = append(found, fmt.Sprintf("%s %d", p.name, s.ours))
+	}
+	keys := make([]string, 0, len(srcs))
+	for k := range srcs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return fmt.Sprintf("captured generator packets per backend: %s; sources seen (source@backend): %s", strings.Join(found, ", "), strings.Join(keys, " ")), nil
+}
+
+// backendRx reads every backend's rx_packets.
+func (w *world) backendRx() ([]uint64, error) {
+	out := make([]uint64, len(w.pods))
+	for i, p := range w.pods {
+		rx, _, err := rxPackets(p.path, podDev)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = rx
+	}
+	return out, nil
+}
+
+// counters is a snapshot of what a run is the difference of.
+type counters struct {
+	arrived, refused uint64
+	fwd              []uint64
+	softirqd, busy   time.Duration
+	proxy            time.Duration
+}
+
+func (w *world) snapshot(proxy *proc) (counters, error) {
+	var c counters
+	var err error
+	if c.arrived, _, err = rxPackets(w.node1, uplinkDev); err != nil {
+		return c, err
+	}
+	if c.refused, err = txDropped(w.gen, genDev); err != nil {
+		return c, err
+	}
+	if c.fwd, err = w.backendRx(); err != nil {
+		return c, err
+	}
+	if c.softirqd, err = ksoftirqdTime(); err != nil {
+		return c, err
+	}
+	if c.busy, err = machineBusy(); err != nil {
+		return c, err
+	}
+	c.proxy, _ = procstat.CPU(proxy.cmd.Process.Pid)
+	return c, nil
+}
+
+// oneRun runs the generator once and takes the counters' differences.
+func (e *env) oneRun(w *world, spec genSpec, proxy *proc) (run, error) {
+	c0, err := w.snapshot(proxy)
+	if err != nil {
+		return run{}, err
+	}
+	g, err := runGen(w.gen, spec)
+	if err != nil {
+		return run{}, err
+	}
+	settle()
+	c1, err := w.snapshot(proxy)
+	if err != nil {
+		return run{}, err
+	}
+	r := run{gen: g, arrived: c1.arrived - c0.arrived, refused: c1.refused - c0.refused,
+		softirqd: c1.softirqd - c0.softirqd, busy: c1.busy - c0.busy, proxyCPU: c1.proxy - c0.proxy}
+	for i := range c1.fwd {
+		r.fwd = append(r.fwd, c1.fwd[i]-c0.fwd[i])
+	}
+	return r, nil
+}
+
+// ksoftirqdTime is the run time of every ksoftirqd thread (schedstat).
+func ksoftirqdTime() (time.Duration, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var sum time.Duration
+	found := false
+	for _, d := range ents {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", d.Name(), "comm"))
+		if err != nil || !strings.HasPrefix(string(comm), "ksoftirqd/") {
+			continue
+		}
+		t, err := schedstat(filepath.Join("/proc", d.Name(), "schedstat"))
+		if err != nil {
+			return 0, err
+		}
+		sum += t
+		found = true
+	}
+	if !found {
+		return 0, errors.New("no ksoftirqd thread in /proc")
+	}
+	return sum, nil
+}
+
+// machineBusy is the non-idle time of all CPUs (/proc/stat, ticks of 10 ms).
+func machineBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: %q", line)
+	}
+	var busy int64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		if i == 3 || i == 4 || i >= 7 { // idle, iowait, steal; guest time is in user already
+			continue
+		}
+		busy += n
+	}
+	return time.Duration(busy) * 10 * time.Millisecond, nil
+}

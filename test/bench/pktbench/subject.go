@@ -1,0 +1,219 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/internal/netnsutil"
+	"github.com/weftnet/weft/lab"
+)
+
+// subject is one proxy under test: a binary (weft-proxy or kube-proxy)
+// and the flags that make it this subject. Every subject gets the same
+// common flags (kubeconfig, node name and IP, metrics and health
+// addresses: commonArgs). A subject whose needs flag is missing from its
+// binary's --help is reported as not in this build (the modes other
+// helpers are adding), not failed.
+type subject struct {
+	name  string
+	prog  string   // "weft-proxy" or "kube-proxy"
+	flags []string // what makes it this subject
+	needs string   // a flag the binary must have ("" none)
+	// bothNodes: the same proxy runs on node2 too (DSR needs the
+	// backend's node to take part).
+	bothNodes bool
+}
+
+func (s subject) ebpf() bool { return s.prog == "weft-proxy" && slices.Contains(s.flags, "ebpf") }
+
+// allSubjects is the menu; -subjects picks from it, in its order.
+func allSubjects() []subject {
+	ebpf := []string{"--mode", "ebpf", "--bpf-devices", uplinkDev}
+	return []subject{
+		{name: "weft-ebpf", prog: "weft-proxy", flags: ebpf},
+		{name: "weft-ebpf-dsr", prog: "weft-proxy", flags: append(slices.Clone(ebpf), "--bpf-lb-mode", "dsr"), needs: "bpf-lb-mode", bothNodes: true},
+		{name: "weft-ebpf-xdp-generic", prog: "weft-proxy", flags: append(slices.Clone(ebpf), "--bpf-xdp", "generic"), needs: "bpf-xdp"},
+		{name: "weft-ebpf-xdp-native", prog: "weft-proxy", flags: append(slices.Clone(ebpf), "--bpf-xdp", "native"), needs: "bpf-xdp"},
+		{name: "weft-nftables", prog: "weft-proxy", flags: []string{"--mode", "nftables"}},
+		{name: "weft-iptables", prog: "weft-proxy", flags: []string{"--mode", "iptables"}},
+		{name: "kp-iptables", prog: "kube-proxy", flags: []string{"--proxy-mode", "iptables"}},
+		{name: "kp-nftables", prog: "kube-proxy", flags: []string{"--proxy-mode", "nftables"}},
+	}
+}
+
+const defaultSubjects = "weft-ebpf,weft-ebpf-dsr,weft-ebpf-xdp-generic,weft-ebpf-xdp-native,weft-nftables,kp-iptables,kp-nftables"
+
+const (
+	metricsAddr = "127.0.0.1:10249"
+	healthzAddr = "127.0.0.1:10256"
+)
+
+// commonArgs is the command line of s on the node named node with
+// address ip (NodePorts answer on ip alone for every subject).
+func commonArgs(s subject, bin, kc, node string, ip string) []string {
+	if s.prog == "kube-proxy" {
+		return append([]string{filepath.Join(bin, "kube-proxy"), "--kubeconfig", kc, "--hostname-override", node,
+			"--cluster-cidr", lab.ClusterCIDR, "--conntrack-max-per-core=0", "--nodeport-addresses", ip + "/32",
+			"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr}, s.flags...)
+	}
+	return append([]string{filepath.Join(bin, s.prog), "--kubeconfig", kc, "--node-name", node, "--node-ip", ip,
+		"--cluster-cidr", lab.ClusterCIDR, "--nodeport-addresses", ip + "/32",
+		"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}, s.flags...)
+}
+
+// available reports whether s's binary has the flag s needs.
+func available(s subject, bin string) (bool, error) {
+	if s.needs == "" {
+		return true, nil
+	}
+	out, _ := exec.Command(filepath.Join(bin, s.prog), "--help").CombinedOutput()
+	if len(out) == 0 {
+		return false, fmt.Errorf("%s --help printed nothing", s.prog)
+	}
+	return strings.Contains(string(out), "-"+s.needs+" "), nil
+}
+
+// ebpfEnv is where weft-proxy --mode ebpf runs: a bpffs and the cgroup v2
+// hierarchy mounted in the bench's private mount namespace, and empty
+// cgroups the bench made there (one per node), so that the socket programs
+// translate nobody's sockets; the generator and the backends are in no
+// such cgroup and meet only the per-packet path.
+type ebpfEnv struct{ bpffs, cgroup2 string }
+
+func newEBPFEnv() (*ebpfEnv, error) {
+	e := &ebpfEnv{}
+	var err error
+	if e.bpffs, err = mountTemp("bpf"); err != nil {
+		return nil, err
+	}
+	if e.cgroup2, err = mountTemp("cgroup2"); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// args are the flags that put the proxy of node (a name) in the bench's
+// bpffs and its own cgroup; its pins start empty.
+func (e *ebpfEnv) args(node string) ([]string, error) {
+	pin := filepath.Join(e.bpffs, node)
+	if err := os.RemoveAll(pin); err != nil {
+		return nil, err
+	}
+	cg := filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), node))
+	if err := os.Mkdir(cg, 0o755); err != nil && !os.IsExist(err) {
+		return nil, fmt.Errorf("creating the bench cgroup: %w", err)
+	}
+	return []string{"--cgroup-root", cg, "--bpf-pin-path", pin}, nil
+}
+
+// reset removes the pins of every node (their links and maps go with
+// them) and the cgroups.
+func (e *ebpfEnv) reset() {
+	ents, _ := os.ReadDir(e.bpffs)
+	for _, d := range ents {
+		_ = os.RemoveAll(filepath.Join(e.bpffs, d.Name()))
+	}
+	cgs, _ := filepath.Glob(filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-*", os.Getpid())))
+	for _, cg := range cgs {
+		_ = os.Remove(cg)
+	}
+}
+
+func (e *ebpfEnv) close() {
+	e.reset()
+	for _, dir := range []string{e.cgroup2, e.bpffs} {
+		if dir != "" {
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+			_ = os.Remove(dir)
+		}
+	}
+}
+
+func mountTemp(fs string) (string, error) {
+	dir, err := os.MkdirTemp("", "pktbench-"+fs)
+	if err != nil {
+		return "", err
+	}
+	if err := unix.Mount(fs, dir, fs, 0, ""); err != nil {
+		_ = os.Remove(dir)
+		return "", fmt.Errorf("mounting %s on %s: %w", fs, dir, err)
+	}
+	return dir, nil
+}
+
+// proc is a process the bench started in a namespace.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+// start runs args in the namespace at ns, output to logPath.
+func start(ns, logPath string, args []string, env ...string) (*proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, env...)
+	// The forking thread is locked (netnsutil.Do) and lives on, so the
+	// process dies with the benchmark.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	if err := netnsutil.Do(ns, cmd.Start); err != nil {
+		f.Close()
+		return nil, err
+	}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exited describes the exit if the process has ended.
+func (p *proc) exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s exited (%v); log %s:\n%s", filepath.Base(p.cmd.Args[0]), p.err, p.log, tail(p.log, 12))
+	default:
+		return nil
+	}
+}
+
+func (p *proc) stop() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "    " + strings.Join(lines, "\n    ")
+}
