@@ -165,10 +165,7 @@ func generate(spec genSpec) (genResult, error) {
 	start := time.Now()
 	deadline := start.Add(spec.Duration)
 	off := 0
-	for calls := 0; ; calls++ {
-		if calls%16 == 0 && time.Now().After(deadline) {
-			break
-		}
+	for time.Now().Before(deadline) {
 		n := min(batch, len(msgs)-off)
 		sent, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[off])), uintptr(n), 0, 0, 0)
 		if errno != 0 {

@@ -35,8 +35,10 @@
 //     under SNAT); the backends' counters over an idle second are printed.
 //
 // Then -runs pairs of generator runs of -duration each: a baseline run,
-// where a drop program at the head of the node's uplink tcx ingress drops
-// every packet at once, and a forward run, where the proxy forwards them.
+// the same frames sent on another veth of the generator to a sink
+// namespace that drops every IPv4 packet at its tcx ingress (so the
+// baseline is the same whatever a subject attaches to the node's uplink,
+// XDP included), and a forward run, to the node, whose proxy forwards them.
 //
 // The generator (gen.go) is this program in the generator's namespace: one
 // thread writes pre-built frames (-pkt-size bytes, Ethernet header
@@ -46,8 +48,8 @@
 // time (schedstat nanoseconds).
 //
 // Measured per run: offered packets (what the generator sent), arrived
-// (the node uplink's rx_packets), forwarded (the sum of the backends'
-// rx_packets), and the pipeline's CPU: the generator thread's run time
+// (the node uplink's rx_packets; the sink's in a baseline), forwarded (the
+// sum of the backends' rx_packets), and the pipeline's CPU: the generator thread's run time
 // plus the ksoftirqd threads' (all CPUs). On veth the receiver's
 // processing runs on the sender's CPU: a frame written to the generator's
 // veth is received by the node in the softirq that runs when the sending
@@ -65,8 +67,9 @@
 // Limits: the node's CPU per packet includes the hops after it that every
 // subject shares (the second node's forwarding and the pods' veths and
 // drop), so the ratios understate the differences between the proxies'
-// own costs; the baseline includes the uplink's ingress hook, which the
-// forward runs pay too. The pipeline runs on one CPU at a time, so the
+// own costs; the baseline ends in the sink's veth receive and tcx hook,
+// which the node's uplink pays too (so the node's figure starts after its
+// tcx ingress hook has been entered, roughly). The pipeline runs on one CPU at a time, so the
 // forwarded rate is that of one core shared by the sender and the node;
 // the machine's other core runs the proxy and whatever else runs on the
 // machine (printed: "other load"), and both are shared with other work,
@@ -207,12 +210,17 @@ pktbench: UDP to a NodePort (eTP Cluster) from a generator namespace through
 the measured node to %d local and %d remote backends (host-gw), each subject on
 fresh namespaces after a probe (every backend answers through the NodePort) and
 a sample check (the backends capture the generator's packets, nonce and all).
-Per pair of runs of %v: a baseline where the node drops every packet at its
-uplink's ingress, then a forward run. forwarded = the backends' rx_packets;
+Per pair of runs of %v: a baseline (the same frames to a sink namespace that
+drops them at its veth's ingress), then a forward run (to the node).
+forwarded = the backends' rx_packets (counted before their drop program);
 CPU = the generator thread's run time + ksoftirqd's: on veth the node's (and
 the backends') receive processing runs in the sender's softirq, on its CPU.
 node CPU / fwd pkt = (run CPU - baseline CPU/pkt x offered) / forwarded; it
-includes the hops after the node that every subject shares. 2 shared cores:
-rates by the clock are noisy ("other load" is the rest of the machine's work).
+includes the hops after the node that every subject shares (node2's forwarding,
+bridges, the pods' veths), so ratios understate the proxies' own differences.
+Mpps per core = 1000 / that ns. 2 cores shared with other work: rates by the
+clock are noisy ("other load" is the rest of the machine's work, in cores);
+CPU per packet less so (run time does not grow while a thread waits), but
+other work's interrupts landing in the generator's thread count as its own.
 `, o.local, o.remote, o.duration)
 }

@@ -36,7 +36,7 @@ func (s subject) ebpf() bool { return s.prog == "weft-proxy" && slices.Contains(
 
 // allSubjects is the menu; -subjects picks from it, in its order.
 func allSubjects() []subject {
-	ebpf := []string{"--mode", "ebpf", "--bpf-devices", uplinkDev}
+	ebpf := []string{"--mode", "ebpf"}
 	return []subject{
 		{name: "weft-ebpf", prog: "weft-proxy", flags: ebpf},
 		{name: "weft-ebpf-dsr", prog: "weft-proxy", flags: append(slices.Clone(ebpf), "--bpf-lb-mode", "dsr"), needs: "bpf-lb-mode", bothNodes: true},
@@ -57,16 +57,21 @@ const (
 )
 
 // commonArgs is the command line of s on the node named node with
-// address ip (NodePorts answer on ip alone for every subject).
-func commonArgs(s subject, bin, kc, node string, ip string) []string {
+// address ip (NodePorts answer on ip alone for every subject); uplink is
+// the node's link toward the client, the eBPF mode's device.
+func commonArgs(s subject, bin, kc, node, ip, uplink string) []string {
 	if s.prog == "kube-proxy" {
 		return append([]string{filepath.Join(bin, "kube-proxy"), "--kubeconfig", kc, "--hostname-override", node,
 			"--cluster-cidr", lab.ClusterCIDR, "--conntrack-max-per-core=0", "--nodeport-addresses", ip + "/32",
 			"--metrics-bind-address", metricsAddr, "--healthz-bind-address", healthzAddr}, s.flags...)
 	}
-	return append([]string{filepath.Join(bin, s.prog), "--kubeconfig", kc, "--node-name", node, "--node-ip", ip,
+	args := []string{filepath.Join(bin, s.prog), "--kubeconfig", kc, "--node-name", node, "--node-ip", ip,
 		"--cluster-cidr", lab.ClusterCIDR, "--nodeport-addresses", ip + "/32",
-		"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}, s.flags...)
+		"--metrics-addr", metricsAddr, "--healthz-addr", healthzAddr}
+	if s.ebpf() {
+		args = append(args, "--bpf-devices", uplink)
+	}
+	return append(args, s.flags...)
 }
 
 // available reports whether s's binary has the flag s needs.

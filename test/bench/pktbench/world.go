@@ -23,6 +23,8 @@ import (
 //	node1 cbr0 10.244.1.1/24: local pods 10.244.1.2.. (veth ports of the bridge)
 //	node2 cbr0 10.244.2.1/24: remote pods 10.244.2.2..
 //	node1, node2 eth0: the lab's underlay (172.18.0.x), for the API server
+//	gen  eth2 (no address) ---- eth0 sink (drops every IPv4 packet at its
+//	                            ingress: the baseline runs' target)
 //
 // Namespace names carry the lab's prefix, so lab.Down removes what a
 // crashed run left.
@@ -39,10 +41,12 @@ var (
 )
 
 const (
-	genDev    = "eth0" // the generator's uplink toward node1
-	uplinkDev = "up0"  // node1's uplink
-	podDev    = "eth0" // a pod's interface
-	bridgeDev = "cbr0"
+	genDev      = "eth0" // the generator's uplink toward node1
+	genSinkDev  = "eth2" // the generator's link to the sink
+	uplinkDev   = "up0"  // node1's uplink
+	node2Uplink = "n1"   // node2's link toward node1
+	podDev      = "eth0" // a pod's interface
+	bridgeDev   = "cbr0"
 )
 
 // pod is one backend: its namespace and address, on node1 (local) or node2.
@@ -54,12 +58,14 @@ type pod struct {
 
 // world is one subject's namespaces.
 type world struct {
-	idx               int
-	gen, node1, node2 string // namespace paths
-	names             []string
-	pods              []pod
-	genMAC, uplinkMAC string
-	node1UL, node2UL  netip.Addr // underlay addresses
+	idx                 int
+	gen, node1, node2   string // namespace paths
+	names               []string
+	pods                []pod
+	genMAC, uplinkMAC   string
+	genSinkMAC, sinkMAC string
+	sink                string     // the baseline runs' namespace
+	node1UL, node2UL    netip.Addr // underlay addresses
 }
 
 // plan is the backends: local pods l0.. at 10.244.1.2.. on node1,
@@ -122,6 +128,12 @@ func newWorld(idx, local, remote int) (w *world, err error) {
 	if w.node2, err = mk("n2"); err != nil {
 		return w, err
 	}
+	if w.sink, err = mk("sink"); err != nil {
+		return w, err
+	}
+	if err := veth(w.gen, genSinkDev, netip.Addr{}, w.sink, "eth0", netip.Addr{}, 0); err != nil {
+		return w, err
+	}
 	for _, p := range []string{w.node1, w.node2} {
 		if err := sysctls(p, map[string]string{"net/ipv4/ip_forward": "1"}); err != nil {
 			return w, err
@@ -138,7 +150,7 @@ func newWorld(idx, local, remote int) (w *world, err error) {
 	if err := veth(w.gen, "eth1", genDirectIP, w.node2, "cl0", node2ClientIP, 24); err != nil {
 		return w, err
 	}
-	if err := veth(w.node1, "n2", node1LinkIP, w.node2, "n1", node2IP, 24); err != nil {
+	if err := veth(w.node1, "n2", node1LinkIP, w.node2, node2Uplink, node2IP, 24); err != nil {
 		return w, err
 	}
 	for i, n := range []struct {
@@ -184,6 +196,12 @@ func newWorld(idx, local, remote int) (w *world, err error) {
 		return w, err
 	}
 	if w.uplinkMAC, err = macOf(w.node1, uplinkDev); err != nil {
+		return w, err
+	}
+	if w.genSinkMAC, err = macOf(w.gen, genSinkDev); err != nil {
+		return w, err
+	}
+	if w.sinkMAC, err = macOf(w.sink, "eth0"); err != nil {
 		return w, err
 	}
 	return w, nil
