@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -113,13 +112,13 @@ func (p *plan) change(op elemOp) {
 // (sorted for nft, whose transactions tests read; the element writer takes
 // them in any order).
 func (p *plan) refill(s *Set, m map[packed]packedValue, st *Stats) {
-	var keys []packed
-	if !p.split || s.nftOnly {
-		keys = sortedKeysOf(s, m)
-	} else {
-		keys = slices.AppendSeq(make([]packed, 0, len(m)), maps.Keys(m))
+	if p.split && !s.nftOnly {
+		p.elems = append(p.elems, elemOp{verb: elemFill, set: s, fill: m})
+		st.ElementAdds += len(m)
+		return
 	}
-	if !p.split || !s.nftOnly {
+	keys := sortedKeysOf(s, m)
+	if !p.split {
 		p.elems = append(p.elems, elemOp{verb: elemFlush, set: s})
 		for _, k := range keys {
 			p.elems = append(p.elems, elemOp{verb: elemAdd, set: s, key: k, value: m[k]})
@@ -304,11 +303,13 @@ func (p *plan) declare(rs *Ruleset) {
 
 // fillSets replaces the elements of every set but the client maps.
 func (p *plan) fillSets(rs *Ruleset, st *Stats) {
-	n := len(rs.Sets)
-	for _, m := range rs.elements {
-		n += len(m)
+	if !p.split { // an operation per element (the element writer's fill their sets whole)
+		n := len(rs.Sets)
+		for _, m := range rs.elements {
+			n += len(m)
+		}
+		p.elems = slices.Grow(p.elems, n) // 220k at 10k Services: grown by appends, copied over and over
 	}
-	p.elems = slices.Grow(p.elems, n) // 220k at 10k Services: grown by appends, copied over and over
 	for i := range rs.Sets {
 		s := &rs.Sets[i]
 		if s.Timeout > 0 {

@@ -84,7 +84,8 @@ func BenchmarkKernelSync(b *testing.B) {
 // BenchmarkRender times the renderer alone on a first render of n
 // Services (10k; WEFT_NFT_SERVICES=N for N), the tracker's snapshot
 // prepared outside the timing: what a first sync computes before it
-// writes to the kernel.
+// writes to the kernel. self-cpu-ms/op counts the garbage collector's
+// work too, which on a loaded machine the wall time hides or inflates.
 func BenchmarkRender(b *testing.B) {
 	n := 10000
 	if v := os.Getenv("WEFT_NFT_SERVICES"); v != "" {
@@ -99,6 +100,8 @@ func BenchmarkRender(b *testing.B) {
 	svcs, sl := proxytest.BenchObjects(n)
 	st, _ := proxytest.BenchTracker(svcs, sl).Snapshot()
 	b.Run(strconv.Itoa(n), func(b *testing.B) {
+		cpu := proxytest.StartCPU(b)
+		defer cpu.Report(b, "nft-cpu-ms/op")
 		for b.Loop() {
 			nftables.NewRenderer(cfg).Update(st)
 		}

@@ -47,11 +47,13 @@ type frontendOut struct {
 // portOut is what one service port renders: its frontends (in order) and
 // the hairpin elements of its local endpoints.
 type portOut struct {
-	name    model.ServicePortName
-	sp      *model.ServicePort
-	eps     []model.Endpoint
+	name model.ServicePortName
+	sp   *model.ServicePort
+	eps  []model.Endpoint
+	// order are the port's frontends, outs what it wants for each (a port
+	// has a few: a slice is cheaper than a map for 100k ports).
 	order   []frontend
-	fes     map[frontend]*frontendOut
+	outs    []*frontendOut
 	hairpin []elem
 	// spSeen and epsSeen: the Renderer's last Update that found this
 	// port's ServicePort, and its endpoint list, unchanged.
@@ -60,7 +62,7 @@ type portOut struct {
 
 // renderPort renders one service port for every configured family.
 func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) *portOut {
-	o := &portOut{name: sp.Name, sp: sp, eps: all, fes: map[frontend]*frontendOut{}}
+	o := &portOut{name: sp.Name, sp: sp, eps: all}
 	seenHairpin := map[netip.Addr]bool{}
 	for _, fam := range cfg.families() {
 		o.renderFamily(cfg, fam, all, seenHairpin)
@@ -72,13 +74,18 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) *portOu
 // it (an address listed twice, e.g. as externalIP and LoadBalancer IP: the
 // first use wins).
 func (o *portOut) frontend(fe frontend) *frontendOut {
-	if _, dup := o.fes[fe]; dup {
+	if slices.Contains(o.order, fe) {
 		return nil
 	}
 	w := &frontendOut{}
-	o.fes[fe] = w
 	o.order = append(o.order, fe)
+	o.outs = append(o.outs, w)
 	return w
+}
+
+// out is what the port wants for its frontend fe.
+func (o *portOut) out(fe frontend) *frontendOut {
+	return o.outs[slices.Index(o.order, fe)]
 }
 
 func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHairpin map[netip.Addr]bool) {
@@ -88,6 +95,7 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		eps = slices.DeleteFunc(slices.Clone(all), func(e model.Endpoint) bool { return familyOf(e.IP) != fam })
 	}
 	sel := model.Select(sp, eps, cfg.NodeName, cfg.Zone)
+	names := familySets[fam]
 	list := func(w *frontendOut, fe frontend, cluster bool, l []model.Endpoint) {
 		set := lbMap(cluster, fam, len(l))
 		w.elems = slices.Grow(w.elems, len(l)+2) // the list, the verdict set and affinity
@@ -104,7 +112,7 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 			}
 			if (e.NodeName == "" || e.NodeName == cfg.NodeName) && !seenHairpin[e.IP] {
 				seenHairpin[e.IP] = true
-				o.hairpin = append(o.hairpin, elem{set: name("hairpin", fam), key: toPacked(appendAddr(appendAddr(buf[:0], e.IP), e.IP))})
+				o.hairpin = append(o.hairpin, elem{set: names.hairpin, key: toPacked(appendAddr(appendAddr(buf[:0], e.IP), e.IP))})
 			}
 		}
 	}
@@ -113,9 +121,9 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		case len(served) > 0:
 			list(w, fe, false, served)
 		case sel.HasAny: // endpoints exist, none usable from this node (Local policy)
-			w.elems = append(w.elems, elem{set: name("drop", fam), key: fe.key()})
+			w.elems = append(w.elems, elem{set: names.drop, key: fe.key()})
 		default:
-			w.elems = append(w.elems, elem{set: name("reject", fam), key: fe.key()})
+			w.elems = append(w.elems, elem{set: names.reject, key: fe.key()})
 		}
 		if sp.AffinitySeconds > 0 {
 			w.affinity = sp.AffinitySeconds
@@ -130,7 +138,7 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		served = true
 		fe := frontend{ip, sp.Protocol, sp.Port}
 		if w := o.frontend(fe); w != nil {
-			w.elems = append(w.elems, elem{set: name("clusterip", fam), key: fe.key()})
+			w.elems = append(w.elems, elem{set: names.clusterip, key: fe.key()})
 			common(w, fe, sel.Internal)
 		}
 	}
@@ -154,19 +162,19 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		}
 		key := x.fe.key()
 		if sp.ExternalPolicyLocal {
-			w.elems = append(w.elems, elem{set: name("external-local", fam), key: key})
+			w.elems = append(w.elems, elem{set: names.externalLocal, key: key})
 			if len(cluster) > 0 {
 				list(w, x.fe, true, cluster)
 			}
 		} else {
-			w.elems = append(w.elems, elem{set: name("external", fam), key: key})
+			w.elems = append(w.elems, elem{set: names.external, key: key})
 		}
 		if x.lb && restricted {
-			w.elems = append(w.elems, elem{set: name("firewall", fam), key: key})
+			w.elems = append(w.elems, elem{set: names.firewall, key: key})
 			var buf [44]byte
 			for _, src := range sp.SourceRanges {
 				if familyOf(src.Addr()) == fam {
-					w.elems = append(w.elems, elem{set: name("firewall-allow", fam), key: toPacked(appendPrefix(x.fe.appendTo(buf[:0]), src))})
+					w.elems = append(w.elems, elem{set: names.firewallAllow, key: toPacked(appendPrefix(x.fe.appendTo(buf[:0]), src))})
 				}
 			}
 		}

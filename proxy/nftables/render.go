@@ -38,6 +38,7 @@ type Renderer struct {
 	timeouts map[int]map[int]int     // family -> affinity seconds -> frontends
 	affinity map[packed]*frontendOut // by frontend key
 	sizes    lbSizes
+	kinds    map[string]setKind // by set name, what count its elements add to
 	stale    bool
 	// cursor: the tracker's snapshot last rendered, whose Delta then names
 	// the ports to look at.
@@ -54,7 +55,8 @@ func NewRenderer(cfg Config) *Renderer {
 		byEps: map[*model.Endpoint]*portOut{}, claims: map[frontend][]*portOut{},
 		winner: map[frontend]*portOut{}, hairpin: map[setKey]int{}, elements: map[string]map[packed]packedValue{},
 		pending: map[string]map[packed]*change{}, counts: map[int]map[int]int{4: {}, 6: {}},
-		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[packed]*frontendOut{}, sizes: lbSizes{}}
+		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[packed]*frontendOut{}, sizes: lbSizes{},
+		kinds: map[string]setKind{}}
 }
 
 // Adopt takes the size classes of the load-balancing maps a table already
@@ -86,16 +88,24 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 		r.release(o, dirty)
 		delete(r.ports, o.name)
 	}
-	for _, n := range changed {
-		sp, eps, old := st.Ports[n], st.Endpoints[n], r.ports[n]
-		if sp == nil || old != nil && old.sp == sp && sameSlice(old.eps, eps) {
+	// The ports render in parallel (pure), then join the renderer's state
+	// in order.
+	outs := make([]*portOut, len(changed))
+	model.Parallel(len(changed), func(i int) {
+		sp, eps, old := st.Ports[changed[i]], st.Endpoints[changed[i]], r.ports[changed[i]]
+		if sp != nil && (old == nil || old.sp != sp || !sameSlice(old.eps, eps)) {
+			outs[i] = renderPort(r.cfg, sp, eps)
+		}
+	})
+	for i, n := range changed {
+		o, old := outs[i], r.ports[n]
+		if o == nil || old != nil && old.sp == o.sp && sameSlice(old.eps, o.eps) {
 			continue // endpoints without a port, or a name listed twice
 		}
 		if old != nil {
 			r.unindex(old)
 			r.release(old, dirty)
 		}
-		o := renderPort(r.cfg, sp, eps)
 		r.ports[n] = o
 		r.index(o)
 		r.claim(o, dirty)
@@ -155,7 +165,7 @@ func (r *Renderer) presize(fes map[frontend]bool) {
 	sizes := map[string]int{}
 	for fe := range fes {
 		for _, o := range r.claims[fe] {
-			for _, e := range o.fes[fe].elems {
+			for _, e := range o.out(fe).elems {
 				sizes[e.set]++
 			}
 		}
@@ -278,7 +288,7 @@ func (r *Renderer) resolve(fe frontend) {
 	}
 	var was, now *frontendOut
 	if prev != nil {
-		was = prev.fes[fe]
+		was = prev.out(fe)
 		for _, e := range was.elems {
 			r.remove(e)
 		}
@@ -287,7 +297,7 @@ func (r *Renderer) resolve(fe frontend) {
 	delete(r.affinity, key)
 	delete(r.winner, fe)
 	if owner != nil {
-		now = owner.fes[fe]
+		now = owner.out(fe)
 		r.winner[fe] = owner
 		for _, e := range now.elems {
 			r.put(e)
@@ -351,15 +361,38 @@ func (r *Renderer) remove(e elem) {
 // and of the affinity sets of each timeout, which decide the maps and
 // rules beyond the preset ones.
 func (r *Renderer) count(set string, d int) {
-	for _, fam := range r.cfg.families() {
+	k, ok := r.kinds[set]
+	if !ok {
+		k = kindOf(r.cfg, set)
+		r.kinds[set] = k
+	}
+	switch {
+	case k.timeout:
+		r.timeouts[k.fam][k.n] += d
+	case k.fam != 0:
+		r.counts[k.fam][k.n] += d
+	}
+}
+
+// setKind says what count a set's elements add to: the endpoint count n
+// of a load-balancing map, or the timeout n of an affinity set, of family
+// fam (0: none).
+type setKind struct {
+	fam, n  int
+	timeout bool
+}
+
+func kindOf(cfg Config, set string) setKind {
+	for _, fam := range cfg.families() {
 		if n, ok := suffixInt(set, name("lb", fam)+"-"); ok {
-			r.counts[fam][n] += d
+			return setKind{fam: fam, n: n}
 		} else if n, ok := suffixInt(set, name("lb-cluster", fam)+"-"); ok {
-			r.counts[fam][n] += d
+			return setKind{fam: fam, n: n}
 		} else if n, ok := suffixInt(set, name("affinity", fam)+"-"); ok {
-			r.timeouts[fam][n] += d
+			return setKind{fam: fam, n: n, timeout: true}
 		}
 	}
+	return setKind{}
 }
 
 func suffixInt(s, prefix string) (int, bool) {

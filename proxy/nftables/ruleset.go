@@ -83,11 +83,42 @@ func name(base string, fam int) string { return base + strconv.Itoa(fam) }
 // renderer names its elements; in the kernel a large one carries its size
 // class (lbSizes).
 func lbMap(cluster bool, fam, n int) string {
+	if fs := familySets[fam]; fs != nil && n < len(fs.lb[0]) {
+		return fs.lb[b2i(cluster)][n]
+	}
 	base := "lb"
 	if cluster {
 		base = "lb-cluster"
 	}
 	return fmt.Sprintf("%s-%d", name(base, fam), n)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// elemSets are a family's names of the sets elements go to, made once: a
+// large render names a set for each of millions of elements.
+type elemSets struct {
+	clusterip, external, externalLocal, firewall, firewallAllow, reject, drop, hairpin string
+	lb                                                                                 [2][]string // [cluster][endpoint count], counts up to 256
+}
+
+var familySets = map[int]*elemSets{4: newElemSets(4), 6: newElemSets(6)}
+
+func newElemSets(fam int) *elemSets {
+	s := &elemSets{clusterip: name("clusterip", fam), external: name("external", fam), externalLocal: name("external-local", fam),
+		firewall: name("firewall", fam), firewallAllow: name("firewall-allow", fam), reject: name("reject", fam), drop: name("drop", fam),
+		hairpin: name("hairpin", fam)}
+	for c, base := range []string{"lb", "lb-cluster"} {
+		for n := range 257 {
+			s.lb[c] = append(s.lb[c], fmt.Sprintf("%s-%d", name(base, fam), n))
+		}
+	}
+	return s
 }
 
 // Size classes of the load-balancing maps.
