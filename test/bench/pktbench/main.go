@@ -34,7 +34,11 @@
 //     the sources the backends saw are printed (the masquerade address
 //     under SNAT); the backends' counters over an idle second are printed.
 //
-// Then -runs pairs of generator runs of -duration each: a baseline run,
+// Then -runs rounds over the subjects (set up and checked first, each on
+// its own world, their proxies idle while another is measured; a round
+// measures one subject after the other, so that a change of the machine's
+// load falls on all of them alike), each a pair of generator runs of
+// -duration: a baseline run,
 // the same frames sent on another veth of the generator to a sink
 // namespace that drops every IPv4 packet at its tcx ingress (so the
 // baseline is the same whatever a subject attaches to the node's uplink,
@@ -180,22 +184,54 @@ func bench(ctx context.Context, binDir string, o options, subs []subject) error 
 		}
 	}()
 	printMethod(o)
-	var results []result
-	for _, s := range subs {
+	// Every subject is set up and checked first, each on its own world,
+	// its proxy idle meanwhile; then the pairs of runs go round the
+	// subjects, one at a time, so that a change in the machine's load
+	// falls on all of them alike.
+	results := make([]result, len(subs))
+	sessions := make([]*session, len(subs))
+	defer func() {
+		for _, ss := range sessions {
+			if ss != nil {
+				ss.close()
+			}
+		}
+	}()
+	for i, s := range subs {
 		t := time.Now()
-		r := e.measure(ctx, s)
-		results = append(results, r)
-		status := "ok"
+		sessions[i] = e.prepare(ctx, s, &results[i])
+		r := results[i]
+		status := "ready"
 		switch {
 		case r.notRun != "":
 			status = "not run: " + r.notRun
 		case r.err != nil:
-			status = "error (see below)"
+			status = "error: " + r.err.Error()
 		}
 		fmt.Printf("\n== %s (%.0fs): %s\n", s.name, time.Since(t).Seconds(), status)
 		describe(os.Stdout, r)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+	}
+	for round := range o.runs {
+		fmt.Printf("\n== round %d of %d\n", round+1, o.runs)
+		for i, ss := range sessions {
+			if ss == nil {
+				continue
+			}
+			pr, err := e.pair(ss)
+			if err != nil {
+				results[i].err = fmt.Errorf("round %d: %w", round+1, err)
+				ss.close()
+				sessions[i] = nil
+			} else {
+				results[i].pairs = append(results[i].pairs, pr)
+			}
+			describeRun(os.Stdout, results[i], len(results[i].pairs)-1)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 		}
 	}
 	fmt.Printf("\n== NodePort UDP, %d-byte frames, %d flows, %d local + %d remote backends, %d × %v per subject (medians)\n", o.pktSize, o.flows, o.local, o.remote, o.runs, o.duration)

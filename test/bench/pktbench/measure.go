@@ -85,8 +85,37 @@ func newNonce() uint64 {
 	return binary.BigEndian.Uint64(b[:])
 }
 
-// measure runs subject s alone on a fresh world.
-func (e *env) measure(ctx context.Context, s subject) (r result) {
+// session is one subject set up and checked on its own world, ready for
+// pairs of runs: its proxy (or proxies) running, its backends dropping.
+type session struct {
+	s              subject
+	w              *world
+	procs          []*proc
+	spec, baseSpec genSpec
+	undo           []func() // in reverse order
+}
+
+func (ss *session) alive() error {
+	for _, p := range ss.procs {
+		if err := p.exited(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// close stops the proxies and removes the world.
+func (ss *session) close() {
+	for i := len(ss.undo) - 1; i >= 0; i-- {
+		ss.undo[i]()
+	}
+	ss.undo = nil
+}
+
+// prepare sets subject s up on a fresh world and checks it (the probe,
+// the sample check, the idle counters), filling r; a nil session means
+// r says why there is none.
+func (e *env) prepare(ctx context.Context, s subject, r *result) *session {
 	r.name = s.name
 	if ok, err := available(s, e.bin); err != nil || !ok {
 		if err != nil {
@@ -94,26 +123,35 @@ func (e *env) measure(ctx context.Context, s subject) (r result) {
 		} else {
 			r.notRun = fmt.Sprintf("%s has no --%s in this build", s.prog, s.needs)
 		}
-		return r
+		return nil
 	}
+	ss := &session{s: s}
+	ok := false
+	defer func() {
+		if !ok {
+			ss.close()
+		}
+	}()
 	w, err := newWorld(e.worlds, e.opts.local, e.opts.remote)
 	e.worlds++
 	if err != nil {
 		r.err = fmt.Errorf("building the namespaces: %w", err)
-		return r
+		return nil
 	}
-	defer w.close()
+	ss.w = w
+	ss.undo = append(ss.undo, w.close)
 	r.pods = w.pods
 	stopEcho, err := startEchoes(w.pods)
 	if err != nil {
 		r.err = err
-		return r
+		return nil
 	}
-	defer func() {
-		if stopEcho != nil {
+	echoing := true
+	ss.undo = append(ss.undo, func() {
+		if echoing {
 			stopEcho()
 		}
-	}()
+	})
 
 	// The proxy (and on node2 too, for a subject that needs both).
 	type node struct{ path, name, ip, uplink string }
@@ -121,77 +159,65 @@ func (e *env) measure(ctx context.Context, s subject) (r result) {
 	if s.bothNodes {
 		nodes = append(nodes, node{w.node2, node2Name, node2IP.String(), node2Uplink})
 	}
-	var procs []*proc
-	defer func() {
-		for _, p := range procs {
-			p.stop()
-		}
-		if s.ebpf() {
-			e.ebpf.reset()
-		}
-	}()
 	for _, n := range nodes {
 		args := commonArgs(s, e.bin, e.kc, n.name, n.ip, n.uplink)
 		if s.ebpf() {
 			if e.ebpf == nil {
 				if e.ebpf, err = newEBPFEnv(); err != nil {
 					r.err = err
-					return r
+					return nil
 				}
 			}
-			more, err := e.ebpf.args(n.name)
+			key := s.name + "-" + n.name
+			more, err := e.ebpf.args(key)
 			if err != nil {
 				r.err = err
-				return r
+				return nil
 			}
+			// Its programs stay attached until the pins go.
+			ss.undo = append(ss.undo, func() { e.ebpf.release(key) })
 			args = append(args, more...)
 		}
 		log := filepath.Join(e.logDir, fmt.Sprintf("%s-%s.log", s.name, n.name))
 		p, err := start(n.path, log, args)
 		if err != nil {
 			r.err = err
-			return r
+			return nil
 		}
-		procs = append(procs, p)
+		ss.procs = append(ss.procs, p)
+		ss.undo = append(ss.undo, p.stop)
 	}
-	r.proxyLog = procs[0].log
-	alive := func() error {
-		for _, p := range procs {
-			if err := p.exited(); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	r.proxyLog = ss.procs[0].log
 
 	// 1. The path works: every backend answers through the NodePort.
-	if r.answers, err = probe(ctx, w.gen, w.pods, time.Now().Add(e.opts.readyTimeout), alive); err != nil {
+	if r.answers, err = probe(ctx, w.gen, w.pods, time.Now().Add(e.opts.readyTimeout), ss.alive); err != nil {
 		r.err = fmt.Errorf("probe: %w", err)
-		return r
+		return nil
 	}
 	if !seenBoth(w.pods, r.answers) {
 		r.err = fmt.Errorf("probe: a local and a remote backend must answer: %v", r.answers)
-		return r
+		return nil
 	}
 	stopEcho()
-	stopEcho = nil
+	echoing = false
 
-	// 2. The backends drop what arrives (after their rx counter).
-	for _, p := range w.pods {
-		l, err := attachDrop(p.path, podDev, e.drop)
+	// 2. The backends drop what arrives (after their rx counter), and so
+	// does the sink.
+	for _, d := range append([]struct{ ns, dev string }{{w.sink, "eth0"}}, podDevs(w.pods)...) {
+		l, err := attachDrop(d.ns, d.dev, e.drop)
 		if err != nil {
 			r.err = err
-			return r
+			return nil
 		}
-		defer l.Close()
+		ss.undo = append(ss.undo, func() { l.Close() })
 	}
-	spec := genSpec{Dev: genDev, DstMAC: w.uplinkMAC, SrcMAC: w.genMAC, Src: genUplinkIP, Dst: node1IP,
+	ss.spec = genSpec{Dev: genDev, DstMAC: w.uplinkMAC, SrcMAC: w.genMAC, Src: genUplinkIP, Dst: node1IP,
 		Dport: nodePort, SportMin: sportMin, Flows: e.opts.flows, Size: e.opts.pktSize, Batch: e.opts.batch, Nonce: e.nonce}
 
 	// 3. What the backends count is the generator's.
-	if r.check, err = e.sampleCheck(w, spec); err != nil {
+	if r.check, err = e.sampleCheck(w, ss.spec); err != nil {
 		r.err = fmt.Errorf("sample check: %w", err)
-		return r
+		return nil
 	}
 	before, err := w.backendRx()
 	if err == nil {
@@ -205,46 +231,40 @@ func (e *env) measure(ctx context.Context, s subject) (r result) {
 	}
 	if err != nil {
 		r.err = err
-		return r
+		return nil
 	}
+	// The runs: the baseline sends the same frames to the sink, which
+	// drops them at once.
+	ss.spec.Duration = e.opts.duration
+	ss.baseSpec = ss.spec
+	ss.baseSpec.Dev, ss.baseSpec.SrcMAC, ss.baseSpec.DstMAC = genSinkDev, w.genSinkMAC, w.sinkMAC
+	ok = true
+	return ss
+}
 
-	// 4. The runs: a baseline, then a forward run, runs times. The
-	// baseline sends the same frames to the sink, which drops them at once.
-	spec.Duration = e.opts.duration
-	baseSpec := spec
-	baseSpec.Dev, baseSpec.SrcMAC, baseSpec.DstMAC = genSinkDev, w.genSinkMAC, w.sinkMAC
-	sinkDrop, err := attachDrop(w.sink, "eth0", e.drop)
-	if err != nil {
-		r.err = err
-		return r
+func podDevs(pods []pod) []struct{ ns, dev string } {
+	var out []struct{ ns, dev string }
+	for _, p := range pods {
+		out = append(out, struct{ ns, dev string }{p.path, podDev})
 	}
-	defer sinkDrop.Close()
-	for i := range e.opts.runs {
-		var pr pair
-		if pr.base, err = e.oneRun(w, baseSpec, procs[0]); err != nil {
-			r.err = fmt.Errorf("baseline run %d: %w", i+1, err)
-			return r
-		}
-		// The backends' counters count the nodes' ARP requests too: a few.
-		if pr.base.arrived != uint64(pr.base.gen.Sent) || pr.base.forwarded() > uint64(pr.base.gen.Sent)/1000 {
-			r.err = fmt.Errorf("baseline run %d: %d packets sent, the sink counted %d, the backends %d", i+1, pr.base.gen.Sent, pr.base.arrived, pr.base.forwarded())
-			return r
-		}
-		if pr.fwd, err = e.oneRun(w, spec, procs[0]); err != nil {
-			r.err = fmt.Errorf("forward run %d: %w", i+1, err)
-			return r
-		}
-		if err := alive(); err != nil {
-			r.err = err
-			return r
-		}
-		r.pairs = append(r.pairs, pr)
-		if ctx.Err() != nil {
-			r.err = ctx.Err()
-			return r
-		}
+	return out
+}
+
+// pair runs a baseline, then a forward run.
+func (e *env) pair(ss *session) (pair, error) {
+	var pr pair
+	var err error
+	if pr.base, err = e.oneRun(ss.w, ss.baseSpec, ss.procs[0]); err != nil {
+		return pr, fmt.Errorf("baseline run: %w", err)
 	}
-	return r
+	// The backends' counters count the nodes' ARP requests too: a few.
+	if pr.base.arrived != uint64(pr.base.gen.Sent) || pr.base.forwarded() > uint64(pr.base.gen.Sent)/1000 {
+		return pr, fmt.Errorf("baseline run: %d packets sent, the sink counted %d, the backends %d", pr.base.gen.Sent, pr.base.arrived, pr.base.forwarded())
+	}
+	if pr.fwd, err = e.oneRun(ss.w, ss.spec, ss.procs[0]); err != nil {
+		return pr, fmt.Errorf("forward run: %w", err)
+	}
+	return pr, ss.alive()
 }
 
 // sportMin is the generator's first source port: its flows stay clear of

@@ -188,18 +188,27 @@ func describe(out io.Writer, r result) {
 	if r.check != "" {
 		fmt.Fprintf(out, "   %s; backends' rx over an idle second: %d\n", r.check, r.idleRx)
 	}
+}
+
+// describeRun prints pair i of r.
+func describeRun(out io.Writer, r result, i int) {
+	if r.err != nil {
+		fmt.Fprintf(out, "   %s: error: %v\n", r.name, r.err)
+	}
+	if i < 0 || i >= len(r.pairs) {
+		return
+	}
 	local := make([]bool, len(r.pods))
 	for i, p := range r.pods {
 		local[i] = p.local
 	}
-	for i, p := range r.pairs {
-		f, ok := figuresOf(p, local)
-		if !ok {
-			continue
-		}
-		fmt.Fprintf(out, "   run %d: baseline %d pkts in %v (%.0f ns/pkt, %d refused); forward %d sent, %d arrived, %d refused, %d forwarded %v, gen CPU %v + ksoftirqd %v in %v, node %.0f ns/pkt\n",
-			i+1, p.base.gen.Sent, p.base.gen.Elapsed.Round(time.Millisecond), f.senderNs, p.base.refused,
-			p.fwd.gen.Sent, p.fwd.arrived, p.fwd.refused, p.fwd.forwarded(), p.fwd.fwd,
-			p.fwd.gen.CPU.Round(time.Millisecond), p.fwd.softirqd.Round(time.Millisecond), p.fwd.gen.Elapsed.Round(time.Millisecond), f.nodeNs)
+	p := r.pairs[i]
+	f, ok := figuresOf(p, local)
+	if !ok {
+		return
 	}
+	fmt.Fprintf(out, "   %s: baseline %d pkts in %v (%.0f ns/pkt); forward %d sent, %d arrived, %d refused, %d forwarded %v, gen CPU %v + ksoftirqd %v in %v: node %.0f ns/pkt, other load %.2f cores\n",
+		r.name, p.base.gen.Sent, p.base.gen.Elapsed.Round(time.Millisecond), f.senderNs,
+		p.fwd.gen.Sent, p.fwd.arrived, p.fwd.refused, p.fwd.forwarded(), p.fwd.fwd,
+		p.fwd.gen.CPU.Round(time.Millisecond), p.fwd.softirqd.Round(time.Millisecond), p.fwd.gen.Elapsed.Round(time.Millisecond), f.nodeNs, f.otherCores)
 }

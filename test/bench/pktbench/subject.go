@@ -106,30 +106,32 @@ func newEBPFEnv() (*ebpfEnv, error) {
 	return e, nil
 }
 
-// args are the flags that put the proxy of node (a name) in the bench's
-// bpffs and its own cgroup; its pins start empty.
-func (e *ebpfEnv) args(node string) ([]string, error) {
-	pin := filepath.Join(e.bpffs, node)
+// args are the flags that put a proxy (key: the subject and its node) in
+// the bench's bpffs and a cgroup of its own; its pins start empty.
+func (e *ebpfEnv) args(key string) ([]string, error) {
+	pin := filepath.Join(e.bpffs, key)
 	if err := os.RemoveAll(pin); err != nil {
 		return nil, err
 	}
-	cg := filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), node))
+	cg := filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), key))
 	if err := os.Mkdir(cg, 0o755); err != nil && !os.IsExist(err) {
 		return nil, fmt.Errorf("creating the bench cgroup: %w", err)
 	}
 	return []string{"--cgroup-root", cg, "--bpf-pin-path", pin}, nil
 }
 
-// reset removes the pins of every node (their links and maps go with
-// them) and the cgroups.
+// release removes a proxy's pins (its links and maps go with them) and
+// its cgroup.
+func (e *ebpfEnv) release(key string) {
+	_ = os.RemoveAll(filepath.Join(e.bpffs, key))
+	_ = os.Remove(filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), key)))
+}
+
+// reset releases every proxy's.
 func (e *ebpfEnv) reset() {
 	ents, _ := os.ReadDir(e.bpffs)
 	for _, d := range ents {
-		_ = os.RemoveAll(filepath.Join(e.bpffs, d.Name()))
-	}
-	cgs, _ := filepath.Glob(filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-*", os.Getpid())))
-	for _, cg := range cgs {
-		_ = os.Remove(cg)
+		e.release(d.Name())
 	}
 }
 
