@@ -32,11 +32,14 @@ import (
 const roleEnv = "PKTBENCH_ROLE"
 
 type genSpec struct {
-	Dev      string        `json:"dev"`
-	DstMAC   string        `json:"dstMAC"`
-	SrcMAC   string        `json:"srcMAC"`
-	Src      netip.Addr    `json:"src"`
-	Dst      netip.Addr    `json:"dst"`
+	Dev    string     `json:"dev"`
+	DstMAC string     `json:"dstMAC"`
+	SrcMAC string     `json:"srcMAC"`
+	Src    netip.Addr `json:"src"`
+	Dst    netip.Addr `json:"dst"`
+	// Dsts, when set, replaces Dst: flow i goes to Dsts[i % len(Dsts)]
+	// (the routing reference sends to the pods themselves).
+	Dsts     []netip.Addr  `json:"dsts,omitempty"`
 	Dport    uint16        `json:"dport"`
 	SportMin uint16        `json:"sportMin"`
 	Flows    int           `json:"flows"`
@@ -68,7 +71,11 @@ func (s genSpec) frames() ([][]byte, error) {
 	}
 	out := make([][]byte, s.Flows)
 	for i := range out {
-		f := flowFrame{dstMAC: dst, srcMAC: src, src: s.Src, dst: s.Dst, sport: s.SportMin + uint16(i), dport: s.Dport, size: s.Size, nonce: s.Nonce}
+		to := s.Dst
+		if len(s.Dsts) > 0 {
+			to = s.Dsts[i%len(s.Dsts)]
+		}
+		f := flowFrame{dstMAC: dst, srcMAC: src, src: s.Src, dst: to, sport: s.SportMin + uint16(i), dport: s.Dport, size: s.Size, nonce: s.Nonce}
 		if out[i], err = f.build(); err != nil {
 			return nil, err
 		}

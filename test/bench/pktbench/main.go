@@ -1,5 +1,5 @@
 // Command pktbench measures the packet rate of NodePort traffic from
-// outside the node through weft-proxy (eBPF on tc as weft-ebpf, nftables as
+// outside the node, against plain routing to the pods (route), through weft-proxy (eBPF on tc as weft-ebpf, nftables as
 // weft-nftables; DSR and XDP subjects when the binary has their flags)
 // and upstream kube-proxy (iptables and nftables modes), in one run, on
 // the same API server state: a lab control plane (benchlab) holding two
@@ -66,7 +66,13 @@
 // and node Mpps per core = 1000 / that in ns. Ratios are against
 // kube-proxy nftables (the upstream peer) and against weft-ebpf (weft's
 // own tc path), per core and by the clock; each figure is the median over
-// the pairs.
+// the pairs. The subject "route" runs no proxy: the generator sends the
+// same number of flows to the pods' own addresses (flow i to pod i mod n,
+// the target port), which the node routes without netfilter hooks; its
+// node CPU per packet is what routing and the shared hops after the node
+// cost, and each proxy's "node CPU above route" is that proxy's own cost
+// per packet (NAT, conntrack, its programs), also given as a ratio to
+// kube-proxy nftables' own cost.
 //
 // Limits: the node's CPU per packet includes the hops after it that every
 // subject shares (the second node's forwarding and the pods' veths and
@@ -254,7 +260,9 @@ the backends') receive processing runs in the sender's softirq, on its CPU.
 node CPU / fwd pkt = (run CPU - baseline CPU/pkt x offered) / forwarded; it
 includes the hops after the node that every subject shares (node2's forwarding,
 bridges, the pods' veths), so ratios understate the proxies' own differences.
-Mpps per core = 1000 / that ns. 2 cores shared with other work: rates by the
+Mpps per core = 1000 / that ns. "route" runs no proxy (packets to the pods'
+own addresses, routed): "node CPU above route" is a proxy's own cost per
+packet, and its ratio to kube-proxy nftables' own. 2 cores shared with other work: rates by the
 clock are noisy ("other load" is the rest of the machine's work, in cores);
 CPU per packet less so (run time does not grow while a thread waits), but
 other work's interrupts landing in the generator's thread count as its own.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -159,6 +160,9 @@ func (e *env) prepare(ctx context.Context, s subject, r *result) *session {
 	if s.bothNodes {
 		nodes = append(nodes, node{w.node2, node2Name, node2IP.String(), node2Uplink})
 	}
+	if s.routing {
+		nodes = nil
+	}
 	for _, n := range nodes {
 		args := commonArgs(s, e.bin, e.kc, n.name, n.ip, n.uplink)
 		if s.ebpf() {
@@ -187,10 +191,16 @@ func (e *env) prepare(ctx context.Context, s subject, r *result) *session {
 		ss.procs = append(ss.procs, p)
 		ss.undo = append(ss.undo, p.stop)
 	}
-	r.proxyLog = ss.procs[0].log
-
-	// 1. The path works: every backend answers through the NodePort.
-	if r.answers, err = probe(ctx, w.gen, w.pods, time.Now().Add(e.opts.readyTimeout), ss.alive); err != nil {
+	// 1. The path works: every backend answers through the NodePort (the
+	// routing reference: at its own address).
+	dsts := []*net.UDPAddr{{IP: node1IP.AsSlice(), Port: nodePort}}
+	if s.routing {
+		dsts = nil
+		for _, p := range w.pods {
+			dsts = append(dsts, &net.UDPAddr{IP: p.ip.AsSlice(), Port: targetPort})
+		}
+	}
+	if r.answers, err = probe(ctx, w.gen, w.pods, dsts, time.Now().Add(e.opts.readyTimeout), ss.alive); err != nil {
 		r.err = fmt.Errorf("probe: %w", err)
 		return nil
 	}
@@ -213,6 +223,12 @@ func (e *env) prepare(ctx context.Context, s subject, r *result) *session {
 	}
 	ss.spec = genSpec{Dev: genDev, DstMAC: w.uplinkMAC, SrcMAC: w.genMAC, Src: genUplinkIP, Dst: node1IP,
 		Dport: nodePort, SportMin: sportMin, Flows: e.opts.flows, Size: e.opts.pktSize, Batch: e.opts.batch, Nonce: e.nonce}
+	if s.routing {
+		ss.spec.Dport = targetPort
+		for _, p := range w.pods {
+			ss.spec.Dsts = append(ss.spec.Dsts, p.ip)
+		}
+	}
 
 	// 3. What the backends count is the generator's.
 	if r.check, err = e.sampleCheck(w, ss.spec); err != nil {
@@ -254,14 +270,18 @@ func podDevs(pods []pod) []struct{ ns, dev string } {
 func (e *env) pair(ss *session) (pair, error) {
 	var pr pair
 	var err error
-	if pr.base, err = e.oneRun(ss.w, ss.baseSpec, ss.procs[0]); err != nil {
+	var proxy *proc
+	if len(ss.procs) > 0 {
+		proxy = ss.procs[0]
+	}
+	if pr.base, err = e.oneRun(ss.w, ss.baseSpec, proxy); err != nil {
 		return pr, fmt.Errorf("baseline run: %w", err)
 	}
 	// The backends' counters count the nodes' ARP requests too: a few.
 	if pr.base.arrived != uint64(pr.base.gen.Sent) || pr.base.forwarded() > uint64(pr.base.gen.Sent)/1000 {
 		return pr, fmt.Errorf("baseline run: %d packets sent, the sink counted %d, the backends %d", pr.base.gen.Sent, pr.base.arrived, pr.base.forwarded())
 	}
-	if pr.fwd, err = e.oneRun(ss.w, ss.spec, ss.procs[0]); err != nil {
+	if pr.fwd, err = e.oneRun(ss.w, ss.spec, proxy); err != nil {
 		return pr, fmt.Errorf("forward run: %w", err)
 	}
 	return pr, ss.alive()
@@ -372,7 +392,9 @@ func (w *world) snapshot(dev string, proxy *proc) (counters, error) {
 	if c.busy, err = machineBusy(); err != nil {
 		return c, err
 	}
-	c.proxy, _ = procstat.CPU(proxy.cmd.Process.Pid)
+	if proxy != nil {
+		c.proxy, _ = procstat.CPU(proxy.cmd.Process.Pid)
+	}
 	return c, nil
 }
 

@@ -80,12 +80,12 @@ func startEchoes(pods []pod) (stop func(), err error) {
 }
 
 // probe sends rounds of datagrams from the generator's namespace (gen)
-// to the NodePort until every pod has answered or the deadline passes;
+// to dsts (the NodePort, or every pod for the routing reference) until
+// every pod has answered or the deadline passes;
 // alive is checked between rounds (the proxy must still run). It returns
 // how many answers each backend gave.
-func probe(ctx context.Context, gen string, pods []pod, deadline time.Time, alive func() error) (map[string]int, error) {
+func probe(ctx context.Context, gen string, pods []pod, dsts []*net.UDPAddr, deadline time.Time, alive func() error) (map[string]int, error) {
 	seen := map[string]int{}
-	dst := &net.UDPAddr{IP: node1IP.AsSlice(), Port: nodePort}
 	missing := func() []string {
 		var m []string
 		for _, p := range pods {
@@ -100,9 +100,9 @@ func probe(ctx context.Context, gen string, pods []pod, deadline time.Time, aliv
 			return seen, err
 		}
 		if time.Now().After(deadline) {
-			return seen, fmt.Errorf("no answer through %s:%d from %s by the deadline (answers so far: %v)", node1IP, nodePort, strings.Join(missing(), ", "), seen)
+			return seen, fmt.Errorf("no answer through %v from %s by the deadline (answers so far: %v)", dsts, strings.Join(missing(), ", "), seen)
 		}
-		if err := probeRound(gen, dst, 16, seen); err != nil {
+		if err := probeRound(gen, dsts, 16, seen); err != nil {
 			return seen, err
 		}
 		if ctx.Err() != nil {
@@ -112,9 +112,10 @@ func probe(ctx context.Context, gen string, pods []pod, deadline time.Time, aliv
 	return seen, nil
 }
 
-// probeRound sends one datagram from each of n new sockets and collects
-// the answers for 300 ms.
-func probeRound(gen string, dst *net.UDPAddr, n int, seen map[string]int) error {
+// probeRound sends one datagram from each of n new sockets (socket k to
+// dsts[k mod len]) and collects the answers after 200 ms; an answer must
+// come from the address its datagram went to.
+func probeRound(gen string, dsts []*net.UDPAddr, n int, seen map[string]int) error {
 	var conns []*net.UDPConn
 	defer func() {
 		for _, c := range conns {
@@ -134,15 +135,19 @@ func probeRound(gen string, dst *net.UDPAddr, n int, seen map[string]int) error 
 	if err != nil {
 		return err
 	}
-	until := time.Now().Add(300 * time.Millisecond)
-	for _, c := range conns {
-		if _, err := c.WriteToUDP([]byte("probe"), dst); err != nil {
+	for k, c := range conns {
+		if _, err := c.WriteToUDP([]byte("probe"), dsts[k%len(dsts)]); err != nil {
 			return fmt.Errorf("probe: %w", err)
 		}
 	}
+	// The answers have come by then; each socket's queue is read with a
+	// deadline of its own (a passed deadline fails a read even with data
+	// queued).
+	time.Sleep(200 * time.Millisecond)
 	buf := make([]byte, 256)
-	for _, c := range conns {
-		_ = c.SetReadDeadline(until)
+	for k, c := range conns {
+		dst := dsts[k%len(dsts)]
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
 		for {
 			n, from, err := c.ReadFromUDP(buf)
 			if err != nil {
@@ -152,8 +157,8 @@ func probeRound(gen string, dst *net.UDPAddr, n int, seen map[string]int) error 
 				}
 				continue // an ICMP error while the rules are not there yet
 			}
-			if !from.IP.Equal(node1IP.AsSlice()) || from.Port != nodePort {
-				return fmt.Errorf("an answer from %v, not from the NodePort %s:%d (the reply was not translated back)", from, node1IP, nodePort)
+			if !from.IP.Equal(dst.IP) || from.Port != dst.Port {
+				return fmt.Errorf("an answer from %v to a datagram for %v (the reply was not translated back)", from, dst)
 			}
 			if name, ok := strings.CutPrefix(string(buf[:n]), "backend "); ok {
 				seen[name]++

@@ -124,8 +124,9 @@ func ratioTo(a, b float64, ok bool) string {
 }
 
 const (
-	refPeer = "kp-nftables" // the upstream peer the ratios are against
-	refSelf = "weft-ebpf"   // weft's own tc path
+	refPeer  = "kp-nftables" // the upstream peer the ratios are against
+	refSelf  = "weft-ebpf"   // weft's own tc path
+	refRoute = "route"       // no proxy: the node routes to the pods themselves
 )
 
 // report prints the table: a row per figure, a column per subject.
@@ -162,6 +163,21 @@ func report(out io.Writer, results []result) {
 	row("run CPU / offered pkt (ns)", func(_ result, f figures) string { return fmt.Sprintf("%.0f", f.pipelineNs) })
 	row("node CPU / fwd pkt (ns)", func(_ result, f figures) string { return fmt.Sprintf("%.0f", f.nodeNs) })
 	row("node Mpps per core", func(_ result, f figures) string { return fmt.Sprintf("%.3f", f.perCore()/1e6) })
+	if rt, ok := sums[refRoute], has[refRoute]; ok {
+		row("node CPU above "+refRoute+" (ns)", func(r result, f figures) string {
+			if r.name == refRoute {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f", f.nodeNs-rt.nodeNs)
+		})
+		row("the same / "+refPeer+"'s", func(r result, f figures) string {
+			peer, ok := sums[refPeer], has[refPeer]
+			if r.name == refRoute || !ok || peer.nodeNs <= rt.nodeNs {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", (f.nodeNs-rt.nodeNs)/(peer.nodeNs-rt.nodeNs))
+		})
+	}
 	for _, ref := range []string{refPeer, refSelf} {
 		rf, ok := sums[ref], has[ref]
 		row("per core / "+ref, func(_ result, f figures) string { return ratioTo(f.perCore(), rf.perCore(), ok) })

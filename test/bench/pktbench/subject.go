@@ -30,6 +30,10 @@ type subject struct {
 	// bothNodes: the same proxy runs on node2 too (DSR needs the
 	// backend's node to take part).
 	bothNodes bool
+	// routing: no proxy; the generator sends to the pods' own addresses
+	// (flow i to pod i mod n), which the node routes: the reference a
+	// proxy's cost is taken above.
+	routing bool
 }
 
 func (s subject) ebpf() bool { return s.prog == "weft-proxy" && slices.Contains(s.flags, "ebpf") }
@@ -38,6 +42,7 @@ func (s subject) ebpf() bool { return s.prog == "weft-proxy" && slices.Contains(
 func allSubjects() []subject {
 	ebpf := []string{"--mode", "ebpf"}
 	return []subject{
+		{name: refRoute, routing: true},
 		{name: "weft-ebpf", prog: "weft-proxy", flags: ebpf},
 		{name: "weft-ebpf-dsr", prog: "weft-proxy", flags: append(slices.Clone(ebpf), "--bpf-lb-mode", "dsr"), needs: "bpf-lb-mode", bothNodes: true},
 		{name: "weft-ebpf-xdp-generic", prog: "weft-proxy", flags: append(slices.Clone(ebpf), "--bpf-xdp", "generic"), needs: "bpf-xdp"},
@@ -49,7 +54,7 @@ func allSubjects() []subject {
 	}
 }
 
-const defaultSubjects = "weft-ebpf,weft-ebpf-dsr,weft-ebpf-xdp-generic,weft-ebpf-xdp-native,weft-nftables,kp-iptables,kp-nftables"
+const defaultSubjects = refRoute + ",weft-ebpf,weft-ebpf-dsr,weft-ebpf-xdp-generic,weft-ebpf-xdp-native,weft-nftables,kp-iptables,kp-nftables"
 
 const (
 	metricsAddr = "127.0.0.1:10249"

@@ -162,6 +162,10 @@ func newWorld(idx, local, remote int) (w *world, err error) {
 			return w, fmt.Errorf("attaching node%d to the underlay: %w", i+1, err)
 		}
 	}
+	// The probe of the routing reference dials the pods themselves.
+	if err := route(w.gen, netip.MustParsePrefix(lab.ClusterCIDR), node1IP); err != nil {
+		return w, err
+	}
 	if err := route(w.node1, node2PodCIDR, node2IP); err != nil {
 		return w, err
 	}
