@@ -1,13 +1,15 @@
 // Command pktbench measures the packet rate of NodePort traffic from
-// outside the node, against plain routing to the pods (route), through weft-proxy (eBPF on tc as weft-ebpf, nftables as
-// weft-nftables; DSR and XDP subjects when the binary has their flags)
-// and upstream kube-proxy (iptables and nftables modes), in one run, on
+// outside the node through weft-proxy (eBPF on tc as weft-ebpf, nftables
+// as weft-nftables; DSR and XDP subjects when the binary has their flags)
+// and upstream kube-proxy (iptables and nftables modes), against plain
+// routing to the pods (the subject "route"), in one run, on
 // the same API server state: a lab control plane (benchlab) holding two
 // Nodes and a selector-less UDP NodePort Service, externalTrafficPolicy
 // Cluster, whose EndpointSlice lists backends on the measured node and on
 // another node.
 //
-// Topology, made fresh for each subject in namespaces of the bench's
+// Topology, made for each subject on its own (its proxy's rules, hooks
+// and pins stay in its namespaces), in namespaces of the bench's
 // private network world (netnsutil.Isolate; world.go states the address
 // plan): a generator namespace (the outside client) on a veth to the
 // measured node's uplink; the node with a pod bridge and -local backend
