@@ -100,6 +100,7 @@ func checksum(b []byte, initial uint32) uint16 {
 // genPacket is what a backend's capture says of one IPv4 packet.
 type genPacket struct {
 	src, dst     netip.Addr
+	proto        byte
 	sport, dport uint16
 	ours         bool // UDP, and the payload carries magic and the run's nonce
 }
@@ -117,6 +118,7 @@ func parseIPv4(b []byte, nonce uint64) (p genPacket, ok bool) {
 	}
 	p.src = netip.AddrFrom4([4]byte(b[12:16]))
 	p.dst = netip.AddrFrom4([4]byte(b[16:20]))
+	p.proto = b[9]
 	if b[9] != 17 || len(b) < hl+udpLen+payloadMin {
 		return p, true
 	}

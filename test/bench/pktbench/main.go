@@ -32,7 +32,8 @@
 //  3. the packets counted are the generator's: a 300 ms generator run with
 //     a packet socket on every backend's interface must capture, on every
 //     backend, packets carrying the payload's magic and this run's nonce,
-//     for the backend's address and target port, and no other IPv4 packet;
+//     for the backend's address and target port, and at most 1 other IPv4
+//     packet in 100 (such packets are printed);
 //     the sources the backends saw are printed (the masquerade address
 //     under SNAT); the backends' counters over an idle second are printed.
 //

@@ -294,8 +294,9 @@ const sportMin = 10000
 // sampleCheck runs the generator for 300 ms with a capture on every
 // backend's interface and checks that each backend receives the
 // generator's packets (the payload's magic and this run's nonce), with
-// the backend's address and port as destination, and no other IPv4
-// packet. It describes what it found: the sources the backends saw (the
+// the backend's address and port as destination, and other IPv4 packets
+// at most 1 in 100 of those (described in what it returns). It
+// describes what it found: the sources the backends saw (the
 // masquerade address, or the client's).
 func (e *env) sampleCheck(w *world, spec genSpec) (string, error) {
 	var caps []*capture
@@ -329,8 +330,8 @@ func (e *env) sampleCheck(w *world, spec genSpec) (string, error) {
 		switch {
 		case s.ours == 0:
 			return "", fmt.Errorf("backend %s captured none of the generator's packets (%d sent; other IPv4 %d, non-IPv4 %d)", p.name, g.Sent, s.otherIPv4, s.nonIP)
-		case s.otherIPv4 > 0:
-			return "", fmt.Errorf("backend %s captured %d IPv4 packets that are not the generator's", p.name, s.otherIPv4)
+		case s.otherIPv4*100 > s.ours:
+			return "", fmt.Errorf("backend %s captured %d IPv4 packets that are not the generator's (%d are): %s", p.name, s.otherIPv4, s.ours, strings.Join(s.others, "; "))
 		case len(s.dst) != 1 || s.dst[want] == 0:
 			return "", fmt.Errorf("backend %s: the generator's packets arrived for %v, not %s", p.name, s.dst, want)
 		}
@@ -338,6 +339,9 @@ func (e *env) sampleCheck(w *world, spec genSpec) (string, error) {
 			srcs[fmt.Sprintf("%s@%s", k, p.name)] += v
 		}
 		found = append(found, fmt.Sprintf("%s %d", p.name, s.ours))
+		if s.otherIPv4 > 0 {
+			found[len(found)-1] += fmt.Sprintf(" (and %d others: %s)", s.otherIPv4, strings.Join(s.others, "; "))
+		}
 	}
 	keys := make([]string, 0, len(srcs))
 	for k := range srcs {

@@ -133,6 +133,7 @@ type sample struct {
 	ours, otherIPv4, nonIP int
 	srcs                   map[string]int
 	dst                    map[string]int
+	others                 []string // the first other IPv4 packets
 }
 
 // read drains the socket's queue.
@@ -160,6 +161,9 @@ func (c *capture) read(nonce uint64) (sample, error) {
 			s.dst[fmt.Sprintf("%s:%d", p.dst, p.dport)]++
 		default:
 			s.otherIPv4++
+			if len(s.others) < 3 {
+				s.others = append(s.others, fmt.Sprintf("%s:%d > %s:%d proto %d, %d bytes", p.src, p.sport, p.dst, p.dport, p.proto, n))
+			}
 		}
 	}
 }
