@@ -18,6 +18,7 @@ type figures struct {
 	pipelineNs                           float64 // forward run: pipeline CPU per offered packet
 	nodeNs                               float64 // the node's CPU per forwarded packet
 	proxyCores, otherCores               float64
+	nodeNsMin, nodeNsMax                 float64 // over the pairs (medians only)
 }
 
 // figuresOf computes a pair's figures. The node's CPU per forwarded packet
@@ -103,7 +104,12 @@ func summary(r result) (figures, bool) {
 	if len(fs) == 0 {
 		return figures{}, false
 	}
-	return medians(fs), true
+	m := medians(fs)
+	m.nodeNsMin, m.nodeNsMax = fs[0].nodeNs, fs[0].nodeNs
+	for _, f := range fs {
+		m.nodeNsMin, m.nodeNsMax = min(m.nodeNsMin, f.nodeNs), max(m.nodeNsMax, f.nodeNs)
+	}
+	return m, true
 }
 
 // perCore is the node's forwarding rate per core: 1 s of one core over
@@ -162,6 +168,7 @@ func report(out io.Writer, results []result) {
 	row("baseline CPU / pkt (ns)", func(_ result, f figures) string { return fmt.Sprintf("%.0f", f.senderNs) })
 	row("run CPU / offered pkt (ns)", func(_ result, f figures) string { return fmt.Sprintf("%.0f", f.pipelineNs) })
 	row("node CPU / fwd pkt (ns)", func(_ result, f figures) string { return fmt.Sprintf("%.0f", f.nodeNs) })
+	row("  the same, min-max", func(_ result, f figures) string { return fmt.Sprintf("%.0f-%.0f", f.nodeNsMin, f.nodeNsMax) })
 	row("node Mpps per core", func(_ result, f figures) string { return fmt.Sprintf("%.3f", f.perCore()/1e6) })
 	if rt, ok := sums[refRoute], has[refRoute]; ok {
 		row("node CPU above "+refRoute+" (ns)", func(r result, f figures) string {
