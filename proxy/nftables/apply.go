@@ -108,31 +108,29 @@ func (p *plan) change(op elemOp) {
 	}
 }
 
-// refill queues the replacement of every element of s by those of m
+// refill queues the replacement of every element of s by those rs wants
 // (sorted for nft, whose transactions tests read; the element writer takes
 // them in any order).
-func (p *plan) refill(s *Set, m map[packed]packedValue, st *Stats) {
+func (p *plan) refill(s *Set, rs *Ruleset, st *Stats) {
 	if p.split && !s.nftOnly {
-		p.elems = append(p.elems, elemOp{verb: elemFill, set: s, fill: m})
-		st.ElementAdds += len(m)
+		p.elems = append(p.elems, elemOp{verb: elemFill, set: s, fill: rs})
+		st.ElementAdds += rs.len(s)
 		return
 	}
-	keys := sortedKeysOf(s, m)
+	var ops []elemOp
+	rs.each(s, func(k packed, v packedValue) { ops = append(ops, elemOp{verb: elemAdd, set: s, key: k, value: v}) })
+	sortOps(s, ops)
+	st.ElementAdds += len(ops)
 	if !p.split {
 		p.elems = append(p.elems, elemOp{verb: elemFlush, set: s})
-		for _, k := range keys {
-			p.elems = append(p.elems, elemOp{verb: elemAdd, set: s, key: k, value: m[k]})
-			st.ElementAdds++
-		}
+		p.elems = append(p.elems, ops...)
 		return
 	}
 	// Made before broken: the wanted elements first, the exact set after.
 	p.refillPost = append(p.refillPost, elemOp{verb: elemFlush, set: s})
-	for _, k := range keys {
-		op := elemOp{verb: elemAdd, set: s, key: k, value: m[k]}
+	for _, op := range ops {
 		p.add(&p.pre, txAdd, elemObject(op))
 		p.refillPost = append(p.refillPost, op)
-		st.ElementAdds++
 	}
 }
 
@@ -305,8 +303,8 @@ func (p *plan) declare(rs *Ruleset) {
 func (p *plan) fillSets(rs *Ruleset, st *Stats) {
 	if !p.split { // an operation per element (the element writer's fill their sets whole)
 		n := len(rs.Sets)
-		for _, m := range rs.elements {
-			n += len(m)
+		for i := range rs.Sets {
+			n += rs.len(&rs.Sets[i])
 		}
 		p.elems = slices.Grow(p.elems, n) // 220k at 10k Services: grown by appends, copied over and over
 	}
@@ -315,7 +313,7 @@ func (p *plan) fillSets(rs *Ruleset, st *Stats) {
 		if s.Timeout > 0 {
 			continue
 		}
-		p.refill(s, rs.elements[s.dataName()], st)
+		p.refill(s, rs, st)
 	}
 }
 
@@ -475,7 +473,7 @@ func (a *Applier) partial(ctx context.Context, p *plan, rs *Ruleset, st *Stats, 
 		}
 	}
 	for _, s := range fill {
-		p.refill(s, rs.elements[s.dataName()], st)
+		p.refill(s, rs, st)
 	}
 	for _, n := range sortedKeys(a.applied.chains) {
 		if !wantChain[n] {
@@ -580,22 +578,13 @@ func (a *Applier) purgeAffinity(ctx context.Context, p *plan, rs *Ruleset, st *S
 	return nil
 }
 
-// sortedKeysOf returns the keys of m in the order of their nft text.
-func sortedKeysOf(s *Set, m map[packed]packedValue) []packed {
-	type text struct {
-		k packed
-		s string
+// sortOps sorts element operations of s by the nft text of their keys.
+func sortOps(s *Set, ops []elemOp) {
+	texts := make(map[packed]string, len(ops))
+	for _, op := range ops {
+		texts[op.key] = s.keyString(op.key)
 	}
-	out := make([]text, 0, len(m))
-	for k := range m {
-		out = append(out, text{k, s.keyString(k)})
-	}
-	slices.SortFunc(out, func(a, b text) int { return strings.Compare(a.s, b.s) })
-	keys := make([]packed, len(out))
-	for i, t := range out {
-		keys[i] = t.k
-	}
-	return keys
+	slices.SortFunc(ops, func(a, b elemOp) int { return strings.Compare(texts[a.key], texts[b.key]) })
 }
 
 func sortedKeys[V any](m map[string]V) []string {

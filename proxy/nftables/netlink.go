@@ -28,10 +28,10 @@ const (
 	elemAdd    elemVerb = iota
 	elemDelete          // the element with that key
 	elemFlush           // every element of the set
-	// elemFill flushes the set, then adds every element of fill: the
-	// batch expands it as it is built, so that a full sync of a large
-	// table does not hold an operation per element (2.4M at 100k Services)
-	// besides the batch.
+	// elemFill flushes the set, then adds every element of the ruleset's
+	// for it: the batch expands it as it is built, so that a full sync of
+	// a large table does not hold an operation per element (2.4M at 100k
+	// Services) besides the batch.
 	elemFill
 )
 
@@ -41,7 +41,7 @@ type elemOp struct {
 	set   *Set
 	key   packed
 	value packedValue
-	fill  map[packed]packedValue // elemFill
+	fill  *Ruleset // elemFill
 }
 
 // elements is how many elements ops write or delete.
@@ -49,7 +49,7 @@ func elements(ops []elemOp) int {
 	n := 0
 	for _, op := range ops {
 		if op.verb == elemFill {
-			n += len(op.fill)
+			n += op.fill.len(op.set)
 		} else {
 			n++
 		}
@@ -165,9 +165,9 @@ func (b *batch) open(verb elemVerb, set *Set) {
 func (b *batch) add(op elemOp) {
 	if op.verb == elemFill {
 		b.add(elemOp{verb: elemFlush, set: op.set})
-		for k, v := range op.fill {
+		op.fill.each(op.set, func(k packed, v packedValue) {
 			b.add(elemOp{verb: elemAdd, set: op.set, key: k, value: v})
-		}
+		})
 		return
 	}
 	if b.cur != op.set || b.verb != op.verb || op.verb == elemFlush || len(b.buf)-b.msgAt > maxElementBytes {

@@ -172,8 +172,10 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		if x.lb && restricted {
 			w.elems = append(w.elems, elem{set: names.firewall, key: key})
 			var buf [44]byte
-			for _, src := range sp.SourceRanges {
-				if familyOf(src.Addr()) == fam {
+			for i, src := range sp.SourceRanges {
+				// a range listed twice (masked, "10.0.0.0/8" and "10.1.0.0/8"
+				// are) is one element
+				if familyOf(src.Addr()) == fam && !slices.Contains(sp.SourceRanges[:i], src) {
 					w.elems = append(w.elems, elem{set: names.firewallAllow, key: toPacked(appendPrefix(x.fe.appendTo(buf[:0]), src))})
 				}
 			}

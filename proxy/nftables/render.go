@@ -32,7 +32,14 @@ type Renderer struct {
 	claims   map[frontend][]*portOut // the ports claiming each frontend (mostly one)
 	winner   map[frontend]*portOut
 	hairpin  map[setKey]int // -> ports rendering it
-	elements map[string]map[packed]packedValue
+	// lens are the number of elements of each set. A set's elements are
+	// not kept apart from the ports' outputs (at 100k Services they would
+	// take 300 MB more): the winners' elements are them, with the hairpin
+	// ones (see each).
+	lens map[string]int
+	// members: for each set, the winning frontends with elements in it;
+	// made when a sync needs whole sets, dropped by the next Update.
+	members  map[string][]*frontendOut
 	pending  map[string]map[packed]*change
 	counts   map[int]map[int]int     // family -> endpoint count -> elements in its maps
 	timeouts map[int]map[int]int     // family -> affinity seconds -> frontends
@@ -53,7 +60,7 @@ type Renderer struct {
 func NewRenderer(cfg Config) *Renderer {
 	return &Renderer{cfg: cfg, ports: map[model.ServicePortName]*portOut{}, bySP: map[*model.ServicePort]*portOut{},
 		byEps: map[*model.Endpoint]*portOut{}, claims: map[frontend][]*portOut{},
-		winner: map[frontend]*portOut{}, hairpin: map[setKey]int{}, elements: map[string]map[packed]packedValue{},
+		winner: map[frontend]*portOut{}, hairpin: map[setKey]int{}, lens: map[string]int{},
 		pending: map[string]map[packed]*change{}, counts: map[int]map[int]int{4: {}, 6: {}},
 		timeouts: map[int]map[int]int{4: {}, 6: {}}, affinity: map[packed]*frontendOut{}, sizes: lbSizes{},
 		kinds: map[string]setKind{}}
@@ -81,6 +88,7 @@ func sameSlice[T any](a, b []T) bool { return len(a) == len(b) && (len(a) == 0 |
 
 // Update renders st.
 func (r *Renderer) Update(st model.State) *Ruleset {
+	r.members = nil
 	dirty := map[frontend]bool{}
 	changed, gone := r.diff(st)
 	for _, o := range gone {
@@ -110,9 +118,6 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 		r.index(o)
 		r.claim(o, dirty)
 	}
-	if !r.rendered {
-		r.presize(dirty)
-	}
 	for fe := range dirty {
 		r.resolve(fe)
 	}
@@ -128,7 +133,7 @@ func (r *Renderer) Update(st model.State) *Ruleset {
 		}
 	}
 	r.resize(counts)
-	rs := &Ruleset{Chains: chains(r.cfg, counts, timeouts, r.sizes), Sets: sets(r.cfg, counts, timeouts, r.sizes), elements: r.elements,
+	rs := &Ruleset{Chains: chains(r.cfg, counts, timeouts, r.sizes), Sets: sets(r.cfg, counts, timeouts, r.sizes), source: r,
 		changes: r.changes(), ChangesUnknown: !r.rendered, AffinityStale: r.stale, affinityValid: r.affinityValid}
 	r.stale, r.rendered = false, true
 	return rs
@@ -143,7 +148,7 @@ func (r *Renderer) resize(counts map[int][]int) {
 			for _, cluster := range []bool{false, true} {
 				m := lbMap(cluster, fam, n)
 				want[m] = true
-				if e := nextSize(r.sizes[m], len(r.elements[m])); e != 0 {
+				if e := nextSize(r.sizes[m], r.lens[m]); e != 0 {
 					r.sizes[m] = e
 				} else {
 					delete(r.sizes, m)
@@ -154,25 +159,6 @@ func (r *Renderer) resize(counts map[int][]int) {
 	for m := range r.sizes {
 		if !want[m] {
 			delete(r.sizes, m)
-		}
-	}
-}
-
-// presize makes the element maps of a first render at their size (at
-// most: a frontend's elements are counted once per port claiming it), so
-// that a large cluster's maps are not grown by doubling.
-func (r *Renderer) presize(fes map[frontend]bool) {
-	sizes := map[string]int{}
-	for fe := range fes {
-		for _, o := range r.claims[fe] {
-			for _, e := range o.out(fe).elems {
-				sizes[e.set]++
-			}
-		}
-	}
-	for set, n := range sizes {
-		if r.elements[set] == nil {
-			r.elements[set] = make(map[packed]packedValue, n)
 		}
 	}
 }
@@ -329,32 +315,50 @@ func (r *Renderer) affinityValid(seconds int, fe packed, backend packedValue) bo
 	return fo != nil && fo.affinity == seconds && fo.backends[backend]
 }
 
+// put adds e, which the table lacks: a set's keys start with their
+// frontend's (a frontend's elements come from its winner alone), but for
+// the hairpin ones, which are counted per port (claim, release).
 func (r *Renderer) put(e elem) {
-	m := r.elements[e.set]
-	if m == nil {
-		m = map[packed]packedValue{}
-		r.elements[e.set] = m
-	}
-	old, had := m[e.key]
-	m[e.key] = e.value
-	if !had {
-		r.count(e.set, 1)
-	}
-	r.record(e.set, e.key, old, had, e.value, true)
+	r.lens[e.set]++
+	r.count(e.set, 1)
+	r.record(e.set, e.key, packedValue{}, false, e.value, true)
 }
 
+// remove takes e, which the table has, away.
 func (r *Renderer) remove(e elem) {
-	m := r.elements[e.set]
-	old, had := m[e.key]
-	if !had {
-		return
-	}
-	delete(m, e.key)
-	if len(m) == 0 {
-		delete(r.elements, e.set)
+	if r.lens[e.set]--; r.lens[e.set] == 0 {
+		delete(r.lens, e.set)
 	}
 	r.count(e.set, -1)
-	r.record(e.set, e.key, old, true, packedValue{}, false)
+	r.record(e.set, e.key, e.value, true, packedValue{}, false)
+}
+
+// each calls f with every element of set (by the renderer's name), in no
+// particular order.
+func (r *Renderer) each(set string, f func(packed, packedValue)) {
+	if r.members == nil {
+		r.members = map[string][]*frontendOut{}
+		for fe, o := range r.winner {
+			w := o.out(fe)
+			for _, e := range w.elems {
+				if l := r.members[e.set]; len(l) == 0 || l[len(l)-1] != w {
+					r.members[e.set] = append(l, w)
+				}
+			}
+		}
+	}
+	for _, w := range r.members[set] {
+		for _, e := range w.elems {
+			if e.set == set {
+				f(e.key, e.value)
+			}
+		}
+	}
+	for k := range r.hairpin {
+		if k.set == set {
+			f(k.key, packedValue{})
+		}
+	}
 }
 
 // count keeps the number of elements of the maps of each endpoint count

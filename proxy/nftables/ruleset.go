@@ -271,10 +271,9 @@ type change struct {
 type Ruleset struct {
 	Chains []*Chain // in a stable order
 	Sets   []Set    // in a stable order
-	// elements are every set's desired elements (key to value) by set
-	// name. It belongs to the Renderer and is valid until it renders
-	// again.
-	elements map[string]map[packed]packedValue
+	// source holds every set's desired elements (key to value), by the
+	// renderer's set names; valid until it renders again.
+	source *Renderer
 	// changes are the element changes since the Renderer's previous
 	// ruleset.
 	changes []change
@@ -287,6 +286,12 @@ type Ruleset struct {
 	AffinityStale bool
 	affinityValid func(seconds int, frontend packed, backend packedValue) bool
 }
+
+// each calls f with every element of s.
+func (rs *Ruleset) each(s *Set, f func(packed, packedValue)) { rs.source.each(s.dataName(), f) }
+
+// len is the number of elements of s.
+func (rs *Ruleset) len(s *Set) int { return rs.source.lens[s.dataName()] }
 
 // affinityValidParts reports whether an entry of the client map s, with
 // key (client . frontend) and value (endpoint) as nft prints them, may
