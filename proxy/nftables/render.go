@@ -26,12 +26,12 @@ type Renderer struct {
 	// bySP and byEps find a rendered port by its ServicePort and by the
 	// first element of its endpoint list: hashing a pointer is cheaper
 	// than hashing a name, and an Update checks every port.
-	bySP     map[*model.ServicePort]*portOut
-	byEps    map[*model.Endpoint]*portOut
-	epoch    uint64                  // Updates so far; a port's spSeen and epsSeen say when it was last found unchanged
-	claims   map[frontend][]*portOut // the ports claiming each frontend (mostly one)
-	winner   map[frontend]*portOut
-	hairpin  map[setKey]int // -> ports rendering it
+	bySP    map[*model.ServicePort]*portOut
+	byEps   map[*model.Endpoint]*portOut
+	epoch   uint64                  // Updates so far; a port's spSeen and epsSeen say when it was last found unchanged
+	claims  map[frontend][]*portOut // the ports claiming each frontend (mostly one)
+	winner  map[frontend]*portOut
+	hairpin map[setKey]int // -> ports rendering it
 	// lens are the number of elements of each set. A set's elements are
 	// not kept apart from the ports' outputs (at 100k Services they would
 	// take 300 MB more): the winners' elements are them, with the hairpin
