@@ -347,12 +347,11 @@ func (a *Applier) full(ctx context.Context, p *plan, rs *Ruleset, st *Stats, nex
 	for _, c := range rs.Chains {
 		wantChain[c.Name] = true
 		if existing["chain"][c.Name] {
-			kept, err := a.kernelRules(ctx, c)
+			kept, err := a.keepRules(ctx, p, c, st, next)
 			if err != nil {
 				return err
 			}
-			if kept != nil {
-				next.chains[c.Name] = kept
+			if kept {
 				continue
 			}
 		}
@@ -389,35 +388,52 @@ func (a *Applier) full(ctx context.Context, p *plan, rs *Ruleset, st *Stats, nex
 	return nil
 }
 
-// kernelRules returns c's rules in the kernel's order when the kernel has
-// exactly c's rules (by their ids), else nil.
-func (a *Applier) kernelRules(ctx context.Context, c *Chain) ([]string, error) {
+// keepRules plans c's rules from what the kernel has, and reports
+// whether it could: a chain with exactly c's rules (by their ids, in c's
+// order unless the chain is order-free) is left alone; an order-free one
+// whose every rule carries an id gets the rules it lacks appended and
+// those c no longer has deleted after the elements moved, as a partial
+// apply does, so that a map given a new size class by a restarted proxy
+// serves throughout. Otherwise the chain is to be rewritten.
+func (a *Applier) keepRules(ctx context.Context, p *plan, c *Chain, st *Stats, next *applied) (bool, error) {
 	rules, err := a.NFT.ListRules(ctx, c.Name)
 	if err != nil {
-		return nil, fmt.Errorf("listing chain %s: %w", c.Name, err)
+		return false, fmt.Errorf("listing chain %s: %w", c.Name, err)
 	}
 	byID := map[string]string{}
 	for _, r := range c.Rules {
 		byID[ruleID(r)] = r
 	}
-	if len(rules) != len(byID) || len(byID) != len(c.Rules) {
-		return nil, nil
-	}
-	var out []string
+	var kept []string
+	var stale []int
+	seen := map[string]bool{}
 	for _, r := range rules {
-		text, ok := "", r.Comment != nil
-		if ok {
-			text, ok = byID[*r.Comment]
+		if r.Comment == nil || r.Handle == nil {
+			return false, nil
 		}
-		if !ok {
-			return nil, nil
+		if text, ok := byID[*r.Comment]; ok && !seen[*r.Comment] {
+			seen[*r.Comment] = true
+			kept = append(kept, text)
+		} else {
+			stale = append(stale, *r.Handle)
 		}
-		out = append(out, text)
 	}
-	if !orderFree(c.Name) && !slices.Equal(out, c.Rules) {
-		return nil, nil
+	exact := len(stale) == 0 && len(kept) == len(c.Rules)
+	if !orderFree(c.Name) && (!exact || !slices.Equal(kept, c.Rules)) {
+		return false, nil
 	}
-	return out, nil
+	for _, h := range stale {
+		p.add(&p.post, txDelete, &knftables.Rule{Chain: c.Name, Handle: &h})
+		st.Rules++
+	}
+	for _, r := range c.Rules {
+		if !seen[ruleID(r)] {
+			p.addRule(c.Name, r, st)
+			kept = append(kept, r)
+		}
+	}
+	next.chains[c.Name] = kept
+	return true, nil
 }
 
 // partial plans what changed since the last apply.

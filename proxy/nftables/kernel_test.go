@@ -274,7 +274,8 @@ func TestKernelElementsMatchTheRender(t *testing.T) {
 // elements is declared with a size, and given a larger one (a new map,
 // filled before the old one goes) when it outgrows it, in partial syncs
 // whose traffic never stops; a restarted proxy keeps the map whose class
-// still fits; a map that shrinks goes back to a plain one.
+// still fits; a map that shrinks goes back to a plain one; a restarted
+// proxy that needs another class patches the chain as a partial sync does.
 func TestLoadBalancingMapSizeClasses(t *testing.T) {
 	pods := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
 	n, b := newNode(t, pods...)
@@ -363,4 +364,16 @@ func TestLoadBalancingMapSizeClasses(t *testing.T) {
 
 	load(100) // 2,010: under an eighth, back to a plain map
 	expect("shrunk", "lb4-10/0")
+
+	// A restart into a state that needs another class: the full sync
+	// appends the new map's rule and deletes the old one after the
+	// elements, as a partial sync does, instead of rewriting the chain
+	// (which would leave the frontends without a map until the batch).
+	n.Backend = n.NewBackend()
+	b = n.Backend.(*nftables.Backend)
+	load(500)
+	if st := b.LastStats; !st.Full || st.Recreated || st.Rules != 2 {
+		t.Fatalf("restart into a new class: %+v, want a full sync adding one rule and deleting one", st)
+	}
+	expect("restarted, grown", "lb4-10-s14/16384")
 }
