@@ -32,6 +32,7 @@ import (
 	"github.com/weftnet/weft/internal/httpserve"
 	"github.com/weftnet/weft/kube"
 	"github.com/weftnet/weft/proxy"
+	"github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/routing"
 	"github.com/weftnet/weft/routing/bgp"
 	"github.com/weftnet/weft/routing/wireguard"
@@ -99,6 +100,7 @@ func main() {
 	flag.Var(&px.bpfDevices, "bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
 	flag.IntVar(&px.bpfCTMax, "bpf-ct-max", 0, "ebpf proxy mode: entries of each conntrack map of the traffic from outside and of each flow map of the socket programs (0: a quarter percent of the node's memory, at least 65536)")
 	flag.IntVar(&px.bpfLBMax, "bpf-lb-map-max", 0, "ebpf proxy mode: entries of the services map (frontends and their backend slots); the backends, affinity members and source ranges maps get half of it, the Maglev map a 64th (0: one per 4 KiB of the node's memory, 524288 to 4194304); a sync whose Services do not fit fails and writes nothing")
+	flag.StringVar(&px.bpfLBMode, "bpf-lb-mode", ebpf.LBModeSNAT, "ebpf proxy mode: external traffic (eTP Cluster) to a backend of another node: snat (the node masquerades it, replies come back through it), dsr (IPv4: the backend's node answers the client directly, the backend sees the client's address; UDP needs 8 bytes of MTU headroom; the VXLAN device's rp_filter is set loose), hybrid (dsr for TCP, snat for UDP)")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
 	flag.BoolVar(&px.masqAll, "masquerade-all", false, "masquerade all traffic to ClusterIPs")
@@ -139,6 +141,7 @@ type proxyFlags struct {
 	bpfDevices    cliflag.Names
 	bpfCTMax      int
 	bpfLBMax      int
+	bpfLBMode     string
 	ipvsScheduler string
 }
 
@@ -147,7 +150,7 @@ func (f proxyFlags) config(node, zone string, cidrs []netip.Prefix, log *slog.Lo
 	return proxy.Config{Mode: f.mode, NodeName: node, Zone: zone, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
-		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, BPFLBMax: f.bpfLBMax, IPVSScheduler: f.ipvsScheduler}
+		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, BPFLBMax: f.bpfLBMax, BPFLBMode: f.bpfLBMode, IPVSScheduler: f.ipvsScheduler}
 }
 
 // nodeZone is the node's topology.kubernetes.io/zone label, which the
@@ -215,6 +218,9 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		return fmt.Errorf("--policy-pending-timeout: %s is not positive", f.policyPendingTimeout)
 	}
 	if err := f.checkTopology(); err != nil {
+		return err
+	}
+	if err := ebpf.CheckLBMode(px.bpfLBMode); err != nil {
 		return err
 	}
 	if f.dataplane != agent.DataplaneIPTables && f.dataplane != agent.DataplaneNFTables {

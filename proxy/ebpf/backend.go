@@ -111,6 +111,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.LBMax < MinLBMax || cfg.LBMax > MaxLBMax {
 		return nil, fmt.Errorf("--bpf-lb-map-max: %d entries is outside %d..%d", cfg.LBMax, MinLBMax, MaxLBMax)
 	}
+	if err := CheckLBMode(cfg.LBMode); err != nil {
+		return nil, err
+	}
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
@@ -474,6 +477,7 @@ func (b *Backend) prepare() error {
 		return err
 	}
 	loaded = true
+	b.cfg.Log.Info("ebpf per-packet programs loaded", "uplinks", uplinks, "lbMode", b.cfg.lbMode())
 	b.objs, b.np, b.w, b.uplinks, b.udp, b.tcp, b.adopt, b.fresh = &objs, &np, w, uplinks, udp, tcp, adopt, fresh
 	b.migrating = migrating
 	return nil

@@ -99,6 +99,9 @@ func Dump(pinPath string, out io.Writer) error {
 		case f.flags&flagSNAT != 0:
 			verdict = "forward+snat"
 		}
+		if f.flags&flagDSR != 0 {
+			verdict += "+dsr"
+		}
 		if f.flags&flagRanges != 0 {
 			verdict += "+ranges"
 		}

@@ -22,6 +22,7 @@ const (
 	flagDrop   = 2
 	flagSNAT   = 4
 	flagRanges = 8
+	flagDSR    = 16
 )
 
 // Frontend scopes (SCOPE_* in bpf/lb.h).
@@ -49,6 +50,8 @@ type writer struct {
 	fronts      map[FrontendKey]*frontendState
 	backendID   map[netip.AddrPort]uint32
 	backendAddr map[uint32]netip.AddrPort
+	// remote: the backends written BACKEND_REMOTE (on another node).
+	remote      map[uint32]bool
 	nextBackend uint32
 	nextFront   uint32
 	orphans     []sockSvcKey    // slots without a master entry, found by load
@@ -96,7 +99,7 @@ type writerMaps struct {
 
 func newWriter(m writerMaps) *writer {
 	return &writer{writerMaps: m, fronts: map[FrontendKey]*frontendState{},
-		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{},
+		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{}, remote: map[uint32]bool{},
 		refs: map[uint32]int{}, unused: map[uint32]bool{}}
 }
 
@@ -113,6 +116,9 @@ func (w *writer) load() error {
 		}
 		ap := netip.AddrPortFrom(fromWords(k.Addr), ntohs(k.Port))
 		w.backendID[ap], w.backendAddr[id] = id, ap
+		if k.Flags&backendRemote != 0 {
+			w.remote[id] = true
+		}
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("reading the backends map: %w", err)
@@ -277,6 +283,9 @@ func (w *writer) write(k FrontendKey, f Frontend) error {
 		if err != nil {
 			return err
 		}
+		if err := w.setRemote(id, f, i); err != nil {
+			return err
+		}
 		ids[i] = id
 	}
 	flags := flagsOf(f)
@@ -373,6 +382,9 @@ func flagsOf(f Frontend) uint8 {
 	}
 	if len(f.SourceRanges) > 0 {
 		flags |= flagRanges
+	}
+	if f.DSR {
+		flags |= flagDSR
 	}
 	return flags
 }
@@ -618,11 +630,16 @@ func (w *writer) addBackends(want map[FrontendKey]Frontend, keys []FrontendKey) 
 	}
 	aps := make([]netip.AddrPort, 0, n)
 	seen := make(map[netip.AddrPort]bool, n)
+	remote := map[netip.AddrPort]bool{}
 	for _, k := range keys {
-		for _, ap := range want[k].Backends {
+		f := want[k]
+		for i, ap := range f.Backends {
 			if _, ok := w.backendID[ap]; !ok && !seen[ap] {
 				seen[ap] = true
 				aps = append(aps, ap)
+			}
+			if f.Remote != nil && f.Remote[i] {
+				remote[ap] = true
 			}
 		}
 	}
@@ -639,10 +656,16 @@ func (w *writer) addBackends(want map[FrontendKey]Frontend, keys []FrontendKey) 
 		for i, ap := range aps[:n] {
 			ids[i] = w.nextBackend + 1 + uint32(i)
 			vals[i] = sockBackend{Addr: toWords(ap.Addr()), Port: htons(ap.Port())}
+			if remote[ap] {
+				vals[i].Flags = backendRemote
+			}
 		}
 		done, err := w.backends.BatchUpdate(ids, vals, nil)
 		for i, ap := range aps[:min(done, n)] {
 			w.added(ap, ids[i])
+			if remote[ap] {
+				w.remote[ids[i]] = true
+			}
 		}
 		if err != nil {
 			return // the rest one by one, each error naming its frontend
@@ -662,6 +685,32 @@ func (w *writer) backend(ap netip.AddrPort) (uint32, error) {
 	}
 	w.added(ap, id)
 	return id, nil
+}
+
+// backendRemote is bpf/lb.h's BACKEND_REMOTE.
+const backendRemote = 2
+
+// setRemote makes backend id's BACKEND_REMOTE flag say what f, naming it
+// as its i-th backend, says (f.Remote nil: nothing; a backend's node is
+// the same whichever frontend names it).
+func (w *writer) setRemote(id uint32, f Frontend, i int) error {
+	if f.Remote == nil || f.Remote[i] == w.remote[id] {
+		return nil
+	}
+	ap := f.Backends[i]
+	v := sockBackend{Addr: toWords(ap.Addr()), Port: htons(ap.Port())}
+	if f.Remote[i] {
+		v.Flags = backendRemote
+	}
+	if err := w.backends.Update(id, v, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("writing backend %s: %w", ap, err)
+	}
+	if f.Remote[i] {
+		w.remote[id] = true
+	} else {
+		delete(w.remote, id)
+	}
+	return nil
 }
 
 // added records backend ap written as id.
@@ -740,6 +789,7 @@ func (w *writer) forget(id uint32) {
 	delete(w.unused, id)
 	delete(w.backendAddr, id)
 	delete(w.backendID, ap)
+	delete(w.remote, id)
 	w.Stats.BackendsRemoved++
 }
 

@@ -34,6 +34,9 @@ import (
 //     weft_nat_rev (an LRU map evicts rather than fails: this counts
 //     what eviction cannot help). A warning is logged when a conntrack
 //     map reaches 90 % of its size (sizing.go).
+//   - weft_ebpf_dsr_fallbacks_total: packets of direct-server-return
+//     frontends the program could not route itself (bpf/nodeport.c), and
+//     weft_ebpf_lb_mode{mode} 1 for the --bpf-lb-mode running.
 //   - weft_ebpf_udp_sockets_terminated_total: connected UDP sockets
 //     destroyed because their backend left the Service, and
 //     weft_ebpf_udp_socket_termination_available (0 on a kernel without
@@ -55,6 +58,10 @@ var (
 		"1 if the kernel can destroy connected UDP sockets of removed backends (bpf_sock_destroy)", nil, nil)
 	descMemory = prometheus.NewDesc("weft_ebpf_map_memory_bytes",
 		"Kernel memory a map of the eBPF service proxy takes, as the kernel accounts it (weft_maglev: the outer map only, each frontend's table adds 4 bytes a slot)", []string{"map"}, nil)
+	descDSRFallbacks = prometheus.NewDesc("weft_ebpf_dsr_fallbacks_total",
+		"Packets of direct-server-return frontends the per-packet program could not route to the backend's node itself: new flows masqueraded instead, later packets passed to the stack.", nil, nil)
+	descLBMode = prometheus.NewDesc("weft_ebpf_lb_mode",
+		"1 for the load balancing mode of external traffic to backends of other nodes (--bpf-lb-mode).", []string{"mode"}, nil)
 	descCTFailures = prometheus.NewDesc("weft_ebpf_ct_insert_failures_total",
 		"New flows from outside dropped because their conntrack entries could not be written", nil, nil)
 )
@@ -70,7 +77,7 @@ type lruCount struct {
 
 // Describe implements prometheus.Collector.
 func (b *Backend) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descMemory, descNeeded, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures} {
+	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descMemory, descNeeded, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures, descDSRFallbacks, descLBMode} {
 		ch <- d
 	}
 }
@@ -105,6 +112,14 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descCTFailures, prometheus.CounterValue, float64(n))
 	}
+	if err := b.np.WeftDsrFallbacks.Lookup(uint32(0), &perCPU); err == nil {
+		var n uint64
+		for _, v := range perCPU {
+			n += v
+		}
+		ch <- prometheus.MustNewConstMetric(descDSRFallbacks, prometheus.CounterValue, float64(n))
+	}
+	gauge(descLBMode, 1, b.cfg.lbMode())
 	for hook, ok := range b.attachments() {
 		gauge(descAttached, boolValue(ok), hook)
 	}

@@ -108,6 +108,7 @@ const (
 	nodeportMapWeftBridgePorts     = "weft_bridge_ports"
 	nodeportMapWeftCt              = "weft_ct"
 	nodeportMapWeftCtFailures      = "weft_ct_failures"
+	nodeportMapWeftDsrFallbacks    = "weft_dsr_fallbacks"
 	nodeportMapWeftExtAffinity     = "weft_ext_affinity"
 	nodeportMapWeftMaglev          = "weft_maglev"
 	nodeportMapWeftNatRev          = "weft_nat_rev"
@@ -175,6 +176,7 @@ type nodeportMapSpecs struct {
 	WeftBridgePorts     *ebpf.MapSpec `ebpf:"weft_bridge_ports"`
 	WeftCt              *ebpf.MapSpec `ebpf:"weft_ct"`
 	WeftCtFailures      *ebpf.MapSpec `ebpf:"weft_ct_failures"`
+	WeftDsrFallbacks    *ebpf.MapSpec `ebpf:"weft_dsr_fallbacks"`
 	WeftExtAffinity     *ebpf.MapSpec `ebpf:"weft_ext_affinity"`
 	WeftMaglev          *ebpf.MapSpec `ebpf:"weft_maglev"`
 	WeftNatRev          *ebpf.MapSpec `ebpf:"weft_nat_rev"`
@@ -214,6 +216,7 @@ type nodeportMaps struct {
 	WeftBridgePorts     *ebpf.Map `ebpf:"weft_bridge_ports"`
 	WeftCt              *ebpf.Map `ebpf:"weft_ct"`
 	WeftCtFailures      *ebpf.Map `ebpf:"weft_ct_failures"`
+	WeftDsrFallbacks    *ebpf.Map `ebpf:"weft_dsr_fallbacks"`
 	WeftExtAffinity     *ebpf.Map `ebpf:"weft_ext_affinity"`
 	WeftMaglev          *ebpf.Map `ebpf:"weft_maglev"`
 	WeftNatRev          *ebpf.Map `ebpf:"weft_nat_rev"`
@@ -228,6 +231,7 @@ func (m *nodeportMaps) Close() error {
 		m.WeftBridgePorts,
 		m.WeftCt,
 		m.WeftCtFailures,
+		m.WeftDsrFallbacks,
 		m.WeftExtAffinity,
 		m.WeftMaglev,
 		m.WeftNatRev,

@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"cmp"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -44,8 +45,51 @@ type Config struct {
 	// which the other maps the writer fills get theirs (LBCapacities); 0
 	// sizes it from the node's memory (LBMaxFor).
 	LBMax int
+	// LBMode is how flows from outside reach a backend of another node
+	// (--bpf-lb-mode): LBModeSNAT (""), LBModeDSR or LBModeHybrid.
+	LBMode string
+	// TunnelDevice is the VXLAN device DSR packets of other nodes arrive
+	// on decapsulated (the receive side runs on its ingress when it
+	// exists; "": routing.DefaultDevice).
+	TunnelDevice string
 	// Log gets the warnings of map pressure (nil: slog.Default()).
 	Log *slog.Logger
+}
+
+// Load balancing modes of external eTP Cluster frontends (--bpf-lb-mode).
+// snat: the ingress node masquerades the flow and the reply comes back
+// through it. dsr: a backend on another node gets the client's address
+// and answers the client directly, with the frontend as the source
+// (IPv4; bpf/nodeport.c). hybrid: dsr for TCP, snat for UDP (whose every
+// packet would carry the frontend's 8 bytes).
+const (
+	LBModeSNAT   = "snat"
+	LBModeDSR    = "dsr"
+	LBModeHybrid = "hybrid"
+)
+
+// CheckLBMode returns an error naming the flag for a mode that is not one
+// of the above ("" is snat).
+func CheckLBMode(mode string) error {
+	switch mode {
+	case "", LBModeSNAT, LBModeDSR, LBModeHybrid:
+		return nil
+	}
+	return fmt.Errorf("--bpf-lb-mode: %q is not one of snat, dsr, hybrid", mode)
+}
+
+// lbMode is the mode's name ("" is snat).
+func (c Config) lbMode() string {
+	if c.LBMode == "" {
+		return LBModeSNAT
+	}
+	return c.LBMode
+}
+
+// dsr reports whether external eTP Cluster frontends of protocol p go to
+// remote backends with direct server return.
+func (c Config) dsr(p model.Protocol) bool {
+	return c.LBMode == LBModeDSR || (c.LBMode == LBModeHybrid && p == model.TCP)
 }
 
 // masqMark is the skb->mark bit of traffic to masquerade.
@@ -88,6 +132,14 @@ type Frontend struct {
 	// SourceRanges (external LoadBalancer IPs): only clients in them are
 	// served, others are dropped; empty: every client.
 	SourceRanges []netip.Prefix
+	// DSR (external, masqueraded, IPv4, --bpf-lb-mode dsr or hybrid for
+	// TCP): a backend on another node answers the client directly, which
+	// it sees unmasqueraded.
+	DSR bool
+	// Remote[i] (with a mode other than snat; nil otherwise): Backends[i]
+	// is on another node (its endpoint's nodeName is set and not this
+	// node's).
+	Remote []bool
 }
 
 // Render returns the frontends of st. Those the socket-level hooks serve:
@@ -139,10 +191,20 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 		if ext != nil {
 			f.Masquerade, f.SourceRanges = ext.Masquerade, ext.SourceRanges
 		}
+		if ext != nil && f.Masquerade && addr.Unmap().Is4() && cfg.dsr(sp.Protocol) {
+			f.DSR = true
+		}
+		remote := cfg.LBMode != "" && cfg.LBMode != LBModeSNAT
 		if len(eps) > 0 {
 			f.Backends = make([]netip.AddrPort, len(eps))
+			if remote {
+				f.Remote = make([]bool, len(eps))
+			}
 			for i, e := range eps {
 				f.Backends[i] = netip.AddrPortFrom(e.IP.Unmap(), e.Port)
+				if remote {
+					f.Remote[i] = cfg.NodeName != "" && e.NodeName != "" && e.NodeName != cfg.NodeName
+				}
 			}
 		}
 		switch {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/weftnet/weft/routing"
 )
 
 // tcxPinPrefix starts the pin name of a tcx link: "tcx_<ifindex>" on a
@@ -89,7 +92,51 @@ func (b *Backend) devicePrograms() (want map[tcHook]*ebpf.Program, ports map[uin
 			ports[uint32(p.Attrs().Index)] = nodeportBridgePort{MacHi: binary.NativeEndian.Uint32(mac[:4]), MacLo: binary.NativeEndian.Uint16(mac[4:])}
 		}
 	}
+	// The VXLAN device: the packets other nodes send to this node's
+	// backends with direct server return arrive there decapsulated, with
+	// weft's option to strip (weft_nodeport's receive side; replies leave
+	// by the route to the client, an uplink). A device created later is
+	// taken by a later sync.
+	if tun := b.cfg.tunnelDevice(); !slices.Contains(b.uplinks, tun) {
+		if l, err := netlink.LinkByName(tun); err == nil {
+			if _, ok := l.(*netlink.Vxlan); ok {
+				want[tcHook{tun, false}] = b.np.WeftNodeport
+				// A client's packet arrives there while the route back
+				// to it is another device: strict reverse-path
+				// filtering would drop it.
+				if err := looseRPFilter(tun); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
 	return want, ports, errors.Join(errs...)
+}
+
+// tunnelDevice is the VXLAN device of the node.
+func (c Config) tunnelDevice() string {
+	if c.TunnelDevice != "" {
+		return c.TunnelDevice
+	}
+	return routing.DefaultDevice
+}
+
+// looseRPFilter sets dev's reverse-path filter to loose (2): the kernel
+// applies the larger of the device's value and "all"'s, so loose on the
+// device wins over strict in "all" (and 0 on the device would not).
+func looseRPFilter(dev string) error {
+	path := filepath.Join("/proc/sys/net/ipv4/conf", dev, "rp_filter")
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	if strings.TrimSpace(string(cur)) == "2" {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte("2\n"), 0o644); err != nil {
+		return fmt.Errorf("setting %s to loose: %w", path, err)
+	}
+	return nil
 }
 
 // attachDevices puts the per-packet programs on every uplink side that

@@ -46,9 +46,11 @@
 #define SVC_DROP 2   // endpoints, none usable from this node: dropped
 #define SVC_SNAT 4   // external: the source becomes the node's (eTP Cluster)
 #define SVC_RANGES 8 // external: only sources in the frontend's ranges
+#define SVC_DSR 16   // external, IPv4: a remote backend answers the client itself (nodeport.c)
 
 // Backend flags.
-#define BACKEND_GONE 1 // in no active list: deleted after a grace period
+#define BACKEND_GONE 1   // in no active list: deleted after a grace period
+#define BACKEND_REMOTE 2 // on another node (a frontend with SVC_DSR sends it its flows directly)
 
 struct svc_key {
 	__u32 addr[4];

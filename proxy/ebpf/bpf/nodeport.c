@@ -45,6 +45,45 @@
 // weft_nodeport_port runs on the ingress of the bridge's ports instead,
 // translating frames addressed to the bridge itself (bridge_ports: port
 // -> the bridge's MAC address), and weft_reply on the bridge's egress.
+//
+// Direct server return (--bpf-lb-mode dsr, or hybrid for TCP only): a
+// frontend whose master entry has SVC_DSR (external, eTP Cluster, IPv4)
+// sends a flow whose backend is on another node (BACKEND_REMOTE) there
+// without masquerade: the destination becomes the backend, the client's
+// address stays, and the frontend goes along in an IPv4 option of weft's
+// own, 8 bytes right after the 20-byte header:
+//   byte 0: DSR_OPT_TYPE (0x9e: copied, class 0, number 30, RFC 4727's
+//           experimental option), byte 1: its length, 8,
+//   bytes 2-3: the frontend's port, bytes 4-7: its address (network order).
+// bpf_skb_adjust_room(BPF_ADJ_ROOM_NET) makes the room; IHL becomes 7,
+// total length grows by 8 and the header checksum is computed again (the
+// TCP/UDP checksum does not cover IP options). A TCP flow carries it on
+// its SYN only (a SYN is small: no MTU question; the backend's node keeps
+// the translation for the rest of the connection), a UDP flow on every
+// packet: a UDP datagram needs 8 bytes of headroom under the path's MTU,
+// or the packet leaves too big (IPv4 fragments it, or DF drops it).
+// The ingress node then routes the packet itself (bpf_fib_lookup, then
+// bpf_redirect_neigh to the route's device, the TTL decremented): its
+// netfilter and conntrack never see a flow whose replies bypass it (they
+// would call the client's later packets INVALID). A new flow whose route
+// lookup fails (no route, forwarding off) is masqueraded as with snat
+// (weft_dsr_fallbacks counts it); a later packet of a DSR flow whose
+// lookup fails goes to the stack as it is (counted too).
+// The backend's node (weft_nodeport on its uplinks' ingress, and on the
+// VXLAN device's where it exists, whose packets arrive decapsulated
+// there) recognises the option on any IPv4 packet with IHL 7: it writes
+// nat_rev (backend -> client: frontend), strips the option and passes
+// the packet to the stack, so that the pod, its MTU and the node's
+// netfilter (NetworkPolicy) see client -> pod as from any client; its
+// weft_reply then gives the reply the frontend's address as the source,
+// and the reply goes to the client straight from there. An option of
+// another type or length is left alone. The option is trusted as any
+// packet of the cluster network is: a host that can send packets to a
+// pod could as well write its own nat_rev entries that way (the node
+// checks nothing that a NodePort of another node would let it check).
+// Such a connection's entries go to the LRU (each node sees one side of
+// its end only). IPv6 frontends are not given SVC_DSR: they stay
+// masqueraded (no destination-options header yet).
 
 #include "lb.h"
 #include <linux/if_ether.h>
@@ -92,6 +131,21 @@ struct ct_value {
 // entry goes on translating them; a SYN on the same tuple is a new
 // connection, balanced as any.
 #define CT_KERNEL 2
+
+// CT_DSR in ct_value.masq: the flow goes to a backend of another node
+// with direct server return (the header comment above).
+#define CT_DSR 3
+
+// The IPv4 option carrying a DSR flow's frontend (see above).
+#define DSR_OPT_TYPE 0x9e
+#define DSR_OPT_LEN 8
+
+struct dsr_opt {
+	__u8 type;
+	__u8 len;
+	__u16 port; // network byte order
+	__u32 addr; // network byte order
+};
 
 struct nat_rev_value {
 	__u32 faddr[4]; // the frontend
@@ -163,6 +217,16 @@ struct {
 	__type(value, struct bridge_port);
 	__uint(max_entries, 1024);
 } weft_bridge_ports SEC(".maps");
+
+// weft_dsr_fallbacks counts the packets of DSR frontends that could not
+// be routed by the program (per CPU; weft_ebpf_dsr_fallbacks_total):
+// new flows masqueraded instead, later packets passed to the stack.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} weft_dsr_fallbacks SEC(".maps");
 
 // pkt is a parsed TCP or UDP packet.
 struct pkt {
@@ -318,6 +382,160 @@ static __always_inline int set_port(struct __sk_buff *skb, struct pkt *p, int ds
 		return -1;
 	*from = to;
 	return 0;
+}
+
+static __always_inline void count(void *map)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(map, &zero);
+
+	if (n)
+		(*n)++;
+}
+
+// ip_csum writes the checksum of the IPv4 header of hlen bytes (20, or 28
+// with weft's option) at l3off.
+static __always_inline int ip_csum(struct __sk_buff *skb, __u32 l3off, __u32 hlen)
+{
+	__u16 buf[14] = {};
+	__s64 s;
+	__u16 csum;
+
+	if (bpf_skb_load_bytes(skb, l3off, buf, hlen) < 0)
+		return -1;
+	buf[5] = 0;
+	s = bpf_csum_diff(0, 0, (__u32 *)buf, hlen, 0);
+	if (s < 0)
+		return -1;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	csum = ~s;
+	return bpf_skb_store_bytes(skb, l3off + 10, &csum, 2, 0) ? -1 : 0;
+}
+
+// dsr_opt_wanted: the packet of a DSR flow carries the frontend (every
+// UDP packet, a TCP SYN).
+static __always_inline int dsr_opt_wanted(const struct pkt *p)
+{
+	return p->t.proto == IPPROTO_UDP || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+// dsr_route looks the route up from p's client to backend address baddr
+// (IPv4, network order) as the node would forward the packet, grown by
+// extra bytes; it returns 0 when fib then holds the device and next hop.
+static __always_inline int dsr_route(struct __sk_buff *skb, const struct pkt *p, __u32 baddr, __u32 extra,
+				     struct bpf_fib_lookup *fib)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = 2; // AF_INET
+	fib->l4_protocol = p->t.proto;
+	fib->sport = p->t.sport;
+	fib->dport = p->t.dport;
+	fib->tot_len = skb->len - p->l3off + extra;
+	fib->ipv4_src = p->t.saddr[3];
+	fib->ipv4_dst = baddr;
+	fib->ifindex = skb->ifindex;
+	// Without a neighbour entry yet, the device and next hop are known:
+	// bpf_redirect_neigh resolves the neighbour.
+	switch (bpf_fib_lookup(skb, fib, sizeof(*fib), 0)) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		return 0;
+	}
+	return -1;
+}
+
+// dsr_insert puts weft's option carrying frontend faddr:fport (network
+// order) after p's 20-byte IPv4 header.
+static __always_inline int dsr_insert(struct __sk_buff *skb, struct pkt *p, __u32 faddr, __u16 fport)
+{
+	struct dsr_opt o = {.type = DSR_OPT_TYPE, .len = DSR_OPT_LEN, .port = fport, .addr = faddr};
+	__u8 vihl = 0x40 | (20 + DSR_OPT_LEN) / 4;
+	__u16 tot;
+
+	if (bpf_skb_load_bytes(skb, p->l3off + 2, &tot, 2) < 0 ||
+	    bpf_skb_adjust_room(skb, DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0))
+		return -1;
+	tot = bpf_htons(bpf_ntohs(tot) + DSR_OPT_LEN);
+	if (bpf_skb_store_bytes(skb, p->l3off, &vihl, 1, 0) || bpf_skb_store_bytes(skb, p->l3off + 2, &tot, 2, 0) ||
+	    bpf_skb_store_bytes(skb, p->l3off + 20, &o, sizeof(o), 0))
+		return -1;
+	p->l4off += DSR_OPT_LEN;
+	return ip_csum(skb, p->l3off, 20 + DSR_OPT_LEN);
+}
+
+// ttl_dec decrements the TTL of p, as a router does; it fails when the
+// packet is not to be forwarded any more.
+static __always_inline int ttl_dec(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u8 w[2], n[2]; // TTL and protocol, one checksum word
+
+	if (bpf_skb_load_bytes(skb, p->l3off + 8, w, 2) < 0 || w[0] <= 1)
+		return -1;
+	n[0] = w[0] - 1;
+	n[1] = w[1];
+	if (bpf_l3_csum_replace(skb, p->l3off + 10, *(__u16 *)w, *(__u16 *)n, 2) ||
+	    bpf_skb_store_bytes(skb, p->l3off + 8, n, 1, 0))
+		return -1;
+	return 0;
+}
+
+// dsr_send sends p, translated to its remote backend, to the backend's
+// node: the option with frontend faddr:fport when the packet carries it,
+// then out of the route's device. A packet the program cannot route goes
+// to the stack (counted).
+static __always_inline int dsr_send(struct __sk_buff *skb, struct pkt *p, __u32 faddr, __u16 fport)
+{
+	int opt = dsr_opt_wanted(p) && p->l4off == p->l3off + 20;
+	struct bpf_fib_lookup fib;
+
+	if (dsr_route(skb, p, p->t.daddr[3], opt ? DSR_OPT_LEN : 0, &fib) || ttl_dec(skb, p)) {
+		count(&weft_dsr_fallbacks);
+		return TC_ACT_OK;
+	}
+	if (opt && dsr_insert(skb, p, faddr, fport))
+		return TC_ACT_SHOT;
+	struct bpf_redir_neigh nh = {.nh_family = fib.family, .ipv4_nh = fib.ipv4_dst};
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
+// dsr_receive takes a DSR flow's packet the ingress node sent to a backend
+// of this node: it records the reply's translation (backend -> client:
+// the frontend of the option), strips the option and passes the packet
+// to the stack. It returns NOT_MINE for a packet without weft's option.
+static __always_inline int dsr_receive(struct __sk_buff *skb, struct pkt *p)
+{
+	struct nat_rev_value rv = {}, *cur;
+	__u8 vihl = 0x45;
+	struct dsr_opt o;
+	struct tuple rk;
+	__u16 tot;
+
+	if (p->v6 || p->l4off != p->l3off + 20 + DSR_OPT_LEN ||
+	    bpf_skb_load_bytes(skb, p->l3off + 20, &o, sizeof(o)) < 0 || o.type != DSR_OPT_TYPE ||
+	    o.len != DSR_OPT_LEN)
+		return NOT_MINE;
+	rk = (struct tuple){.proto = p->t.proto, .sport = p->t.dport, .dport = p->t.sport};
+	copy_addr(rk.saddr, p->t.daddr);
+	copy_addr(rk.daddr, p->t.saddr);
+	rv.fport = o.port;
+	rv.faddr[2] = bpf_htonl(0xffff);
+	rv.faddr[3] = o.addr;
+	cur = bpf_map_lookup_elem(&weft_nat_rev, &rk);
+	if (!cur || cur->fport != rv.fport || !same_addr(cur->faddr, rv.faddr)) {
+		if (bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY)) {
+			count(&weft_ct_failures);
+			return TC_ACT_SHOT;
+		}
+	}
+	if (bpf_skb_load_bytes(skb, p->l3off + 2, &tot, 2) < 0 ||
+	    bpf_skb_adjust_room(skb, -DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0))
+		return TC_ACT_SHOT;
+	tot = bpf_htons(bpf_ntohs(tot) - DSR_OPT_LEN);
+	if (bpf_skb_store_bytes(skb, p->l3off, &vihl, 1, 0) || bpf_skb_store_bytes(skb, p->l3off + 2, &tot, 2, 0))
+		return TC_ACT_SHOT;
+	p->l4off -= DSR_OPT_LEN;
+	return ip_csum(skb, p->l3off, 20) ? TC_ACT_SHOT : TC_ACT_OK;
 }
 
 // reply translates the source of a reply of a translated flow back
@@ -479,7 +697,7 @@ static __always_inline void reverse_key(struct tuple *rk, const struct pkt *p, c
 // balance starts a flow to an external frontend: it picks a backend (see
 // maglev above) and records both directions. It returns BALANCED,
 // NOT_MINE when p is not for an external frontend, or a tc verdict.
-static __always_inline int balance(struct pkt *p, struct ct_value *ct)
+static __always_inline int balance(struct __sk_buff *skb, struct pkt *p, struct ct_value *ct)
 {
 	struct svc_key key = {.port = p->t.dport, .proto = p->t.proto, .scope = SCOPE_EXTERNAL};
 	struct svc_value *m, *slot;
@@ -522,17 +740,25 @@ static __always_inline int balance(struct pkt *p, struct ct_value *ct)
 	copy_addr(ct->baddr, be->addr);
 	ct->bport = be->port;
 	ct->masq = (m->flags & SVC_SNAT) != 0;
+	if (m->flags & SVC_DSR && be->flags & BACKEND_REMOTE && !p->v6 && p->l4off == p->l3off + 20) {
+		// The backend's node answers the client itself, if this node
+		// can route the packet there; if not, the flow is masqueraded.
+		struct bpf_fib_lookup fib;
+		if (dsr_route(skb, p, ct->baddr[3], dsr_opt_wanted(p) ? DSR_OPT_LEN : 0, &fib) == 0)
+			ct->masq = CT_DSR;
+		else
+			count(&weft_dsr_fallbacks);
+	}
 
-	// The reply, as it leaves after conntrack undid any masquerade.
+	// The reply, as it leaves after conntrack undid any masquerade (a
+	// DSR flow's leaves another node).
 	struct tuple rk;
 	struct nat_rev_value rv = {.fport = p->t.dport};
 	reverse_key(&rk, p, ct);
 	copy_addr(rv.faddr, p->t.daddr);
-	if (bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&weft_ct, &p->t, ct, BPF_ANY)) {
-		__u32 zero = 0;
-		__u64 *n = bpf_map_lookup_elem(&weft_ct_failures, &zero);
-		if (n)
-			(*n)++;
+	if ((ct->masq != CT_DSR && bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY)) ||
+	    bpf_map_update_elem(&weft_ct, &p->t, ct, BPF_ANY)) {
+		count(&weft_ct_failures);
 		return TC_ACT_SHOT;
 	}
 	return BALANCED;
@@ -563,7 +789,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 	if (cur) {
 		reverse_key(&rk, p, &ct);
 		done = closing(p, cur, 1);
-		if (!done && !bpf_map_lookup_elem(&weft_nat_rev, &rk)) {
+		if (!done && ct.masq != CT_DSR && !bpf_map_lookup_elem(&weft_nat_rev, &rk)) {
 			// The LRU map evicted the reply's entry of a flow whose
 			// client kept sending: write it again.
 			struct nat_rev_value rv = {.fport = p->t.dport};
@@ -571,19 +797,24 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p)
 			bpf_map_update_elem(&weft_nat_rev, &rk, &rv, BPF_ANY);
 		}
 	} else {
-		verdict = balance(p, &ct);
+		verdict = balance(skb, p, &ct);
 		if (verdict != BALANCED)
 			return verdict;
 	}
+	__u32 faddr = p->t.daddr[3];
+	__u16 fport = p->t.dport;
 	if (set_addr(skb, p, 1, ct.baddr) || set_port(skb, p, 1, ct.bport))
 		return TC_ACT_SHOT;
-	if (ct.masq)
+	verdict = TC_ACT_OK;
+	if (ct.masq == CT_DSR)
+		verdict = dsr_send(skb, p, faddr, fport);
+	else if (ct.masq)
 		skb->mark |= masq_mark;
 	if (done) {
 		bpf_map_delete_elem(&weft_ct, &ck);
 		bpf_map_delete_elem(&weft_nat_rev, &rk);
 	}
-	return TC_ACT_OK;
+	return verdict;
 }
 
 static __always_inline int nodeport(struct __sk_buff *skb)
@@ -593,7 +824,9 @@ static __always_inline int nodeport(struct __sk_buff *skb)
 
 	if (parse(skb, &p))
 		return TC_ACT_OK;
-	verdict = forward(skb, &p);
+	verdict = dsr_receive(skb, &p);
+	if (verdict == NOT_MINE)
+		verdict = forward(skb, &p);
 	return verdict == NOT_MINE ? TC_ACT_OK : verdict;
 }
 
