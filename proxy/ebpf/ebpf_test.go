@@ -48,6 +48,17 @@ var backend = proxytest.Backend{
 // TestScenarios runs the backend-neutral real-traffic scenario table.
 func TestScenarios(t *testing.T) { proxytest.Run(t, backend) }
 
+// TestScenariosDSR runs the table in dsr mode: on one node every backend
+// is local, so direct server return must change nothing.
+func TestScenariosDSR(t *testing.T) {
+	dsr := backend
+	dsr.Setup = func(t *testing.T, c *proxy.Config) {
+		setup(t, c)
+		c.BPFLBMode = "dsr"
+	}
+	proxytest.Run(t, dsr)
+}
+
 // env is what setup made for one test.
 type env struct {
 	cgroup string // the cgroup the test process runs in, programs attach to
