@@ -374,3 +374,48 @@ func TestRenderDSR(t *testing.T) {
 		t.Fatalf("CheckLBMode(direct): %v, want an error naming --bpf-lb-mode", err)
 	}
 }
+
+// TestDSRNotOverL3Devices: a DSR flow whose route leaves by a device
+// without Ethernet headers (a TUN device here; WireGuard's and IPIP's in
+// a cluster), where the other node's receive side does not run, is
+// masqueraded instead; the proxy lists such devices in weft_no_dsr.
+func TestDSRNotOverL3Devices(t *testing.T) {
+	e := newTCEnv(t)
+	idx := dsrDevice(t)
+	tunCIDR := netip.MustParsePrefix("10.252.0.0/24")
+	podT := netip.MustParseAddr("10.252.0.2")
+	la := netlink.NewLinkAttrs()
+	la.Name = "dsrtun0"
+	if err := netlink.LinkAdd(&netlink.Tuntap{LinkAttrs: la, Mode: netlink.TUNTAP_MODE_TUN, Flags: netlink.TUNTAP_DEFAULTS}); err != nil {
+		t.Skipf("no TUN device: %v", err)
+	}
+	tun, err := netlink.LinkByName("dsrtun0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(tun) })
+	if err := netlink.LinkSetUp(tun); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: tun.Attrs().Index, Dst: &net.IPNet{IP: tunCIDR.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syncNoDSR(e.objs.WeftNoDsr); err != nil {
+		t.Fatal(err)
+	}
+	var v uint8
+	if err := e.objs.WeftNoDsr.Lookup(uint32(tun.Attrs().Index), &v); err != nil {
+		t.Fatalf("the TUN device is not in weft_no_dsr: %v", err)
+	}
+	if err := e.objs.WeftNoDsr.Lookup(uint32(idx), &v); err == nil {
+		t.Fatal("an Ethernet device is in weft_no_dsr")
+	}
+	e.program(map[FrontendKey]Frontend{
+		nodePort(nodeIP, 31010): {Masquerade: true, DSR: true, Backends: backends(ext(podT, 80)), Remote: []bool{true}},
+	})
+	in := packet{src: ext(client, 41010), dst: ext(nodeIP, 31010)}
+	verdict, out, mark := e.runDev(e.objs.WeftNodeport, in.bytes(), idx)
+	if verdict != actOK || mark&masqBit == 0 || out[14] != 0x45 {
+		t.Fatalf("verdict %d mark %#x IHL %#x, want the stack's, masqueraded, no option", verdict, mark, out[14])
+	}
+}

@@ -112,6 +112,7 @@ const (
 	nodeportMapWeftExtAffinity     = "weft_ext_affinity"
 	nodeportMapWeftMaglev          = "weft_maglev"
 	nodeportMapWeftNatRev          = "weft_nat_rev"
+	nodeportMapWeftNoDsr           = "weft_no_dsr"
 	nodeportMapWeftServices        = "weft_services"
 	nodeportMapWeftSrcRanges       = "weft_src_ranges"
 	nodeportProgWeftNodeport       = "weft_nodeport"
@@ -180,6 +181,7 @@ type nodeportMapSpecs struct {
 	WeftExtAffinity     *ebpf.MapSpec `ebpf:"weft_ext_affinity"`
 	WeftMaglev          *ebpf.MapSpec `ebpf:"weft_maglev"`
 	WeftNatRev          *ebpf.MapSpec `ebpf:"weft_nat_rev"`
+	WeftNoDsr           *ebpf.MapSpec `ebpf:"weft_no_dsr"`
 	WeftServices        *ebpf.MapSpec `ebpf:"weft_services"`
 	WeftSrcRanges       *ebpf.MapSpec `ebpf:"weft_src_ranges"`
 }
@@ -220,6 +222,7 @@ type nodeportMaps struct {
 	WeftExtAffinity     *ebpf.Map `ebpf:"weft_ext_affinity"`
 	WeftMaglev          *ebpf.Map `ebpf:"weft_maglev"`
 	WeftNatRev          *ebpf.Map `ebpf:"weft_nat_rev"`
+	WeftNoDsr           *ebpf.Map `ebpf:"weft_no_dsr"`
 	WeftServices        *ebpf.Map `ebpf:"weft_services"`
 	WeftSrcRanges       *ebpf.Map `ebpf:"weft_src_ranges"`
 }
@@ -235,6 +238,7 @@ func (m *nodeportMaps) Close() error {
 		m.WeftExtAffinity,
 		m.WeftMaglev,
 		m.WeftNatRev,
+		m.WeftNoDsr,
 		m.WeftServices,
 		m.WeftSrcRanges,
 	)

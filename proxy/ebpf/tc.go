@@ -151,6 +151,9 @@ func (b *Backend) attachDevices() error {
 	if err := syncBridgePorts(b.np.WeftBridgePorts, ports); err != nil {
 		errs = append(errs, err)
 	}
+	if err := syncNoDSR(b.np.WeftNoDsr); err != nil {
+		errs = append(errs, err)
+	}
 	for h, prog := range want {
 		l, err := netlink.LinkByName(h.device)
 		if err != nil {
@@ -180,6 +183,43 @@ func (b *Backend) attachDevices() error {
 			continue
 		}
 		delete(b.tc, h)
+	}
+	return errors.Join(errs...)
+}
+
+// syncNoDSR makes m (weft_no_dsr) hold the devices without Ethernet
+// headers (WireGuard, IPIP, ...): a DSR packet routed out of one would
+// reach a node whose receive side does not run there, so such flows are
+// masqueraded (bpf/nodeport.c).
+func syncNoDSR(m *ebpf.Map) error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("listing links for weft_no_dsr: %w", err)
+	}
+	want := map[uint32]bool{}
+	var errs []error
+	for _, l := range links {
+		if a := l.Attrs(); a.EncapType != "ether" && a.EncapType != "loopback" {
+			want[uint32(a.Index)] = true
+			if err := m.Put(uint32(a.Index), uint8(1)); err != nil {
+				errs = append(errs, fmt.Errorf("weft_no_dsr %s: %w", a.Name, err))
+			}
+		}
+	}
+	var (
+		idx   uint32
+		v     uint8
+		stale []uint32
+	)
+	for it := m.Iterate(); it.Next(&idx, &v); {
+		if !want[idx] {
+			stale = append(stale, idx)
+		}
+	}
+	for _, idx := range stale {
+		if err := m.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("weft_no_dsr %d: %w", idx, err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -63,7 +63,8 @@
 // packet: a UDP datagram needs 8 bytes of headroom under the path's MTU,
 // or the packet leaves too big (IPv4 fragments it, or DF drops it).
 // The ingress node then routes the packet itself (bpf_fib_lookup, then
-// bpf_redirect_neigh to the route's device, the TTL decremented): its
+// bpf_redirect_neigh to the route's device, the TTL decremented; never
+// out of a device without Ethernet headers, weft_no_dsr): its
 // netfilter and conntrack never see a flow whose replies bypass it (they
 // would call the client's later packets INVALID). A new flow whose route
 // lookup fails (no route, forwarding off) is masqueraded as with snat
@@ -227,6 +228,18 @@ struct {
 	__type(value, __u64);
 	__uint(max_entries, 1);
 } weft_dsr_fallbacks SEC(".maps");
+
+// weft_no_dsr: the devices a DSR packet must not leave by (ifindex ->
+// 1), those without Ethernet headers (WireGuard's, IPIP's): the receive
+// side, weft_nodeport, parses Ethernet frames and does not run on them at
+// the other end. A flow routed out of one is masqueraded. Not pinned: each
+// proxy fills its own at every sync.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} weft_no_dsr SEC(".maps");
 
 // pkt is a parsed TCP or UDP packet.
 struct pkt {
@@ -440,9 +453,12 @@ static __always_inline int dsr_route(struct __sk_buff *skb, const struct pkt *p,
 	switch (bpf_fib_lookup(skb, fib, sizeof(*fib), 0)) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
-		return 0;
+		break;
+	default:
+		return -1;
 	}
-	return -1;
+	__u32 out = fib->ifindex;
+	return bpf_map_lookup_elem(&weft_no_dsr, &out) ? -1 : 0;
 }
 
 // dsr_insert puts weft's option carrying frontend faddr:fport (network
