@@ -419,3 +419,45 @@ func TestDSRNotOverL3Devices(t *testing.T) {
 		t.Fatalf("verdict %d mark %#x IHL %#x, want the stack's, masqueraded, no option", verdict, mark, out[14])
 	}
 }
+
+// TestDSRLaterPacketUnrouted: a packet of an established DSR flow whose
+// route went away goes to the stack translated (not dropped, not marked:
+// the flow stays DSR), and is counted.
+func TestDSRLaterPacketUnrouted(t *testing.T) {
+	e := newTCEnv(t)
+	idx := dsrDevice(t)
+	podV := netip.MustParseAddr("10.253.0.2")
+	route := &netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: net.IPv4(10, 253, 0, 0).To4(), Mask: net.CIDRMask(24, 32)}, Gw: dsrNextHop.AsSlice()}
+	if err := netlink.RouteAdd(route); err != nil {
+		t.Fatal(err)
+	}
+	e.program(map[FrontendKey]Frontend{
+		nodePort(nodeIP, 31020): {Masquerade: true, DSR: true, Backends: backends(ext(podV, 80)), Remote: []bool{true}},
+	})
+	syn := packet{src: ext(client, 41020), dst: ext(nodeIP, 31020)}
+	if verdict, _, _ := e.runDev(e.objs.WeftNodeport, syn.bytes(), idx); verdict != actRedirect {
+		t.Fatalf("SYN: verdict %d, want a redirect", verdict)
+	}
+	if err := netlink.RouteDel(route); err != nil {
+		t.Fatal(err)
+	}
+	ack := packet{src: syn.src, dst: syn.dst, flags: 0x10}
+	verdict, out, mark := e.runDev(e.objs.WeftNodeport, ack.bytes(), idx)
+	if verdict != actOK || mark&masqBit != 0 {
+		t.Fatalf("ACK without a route: verdict %d mark %#x, want the stack's, unmarked", verdict, mark)
+	}
+	if got := parsePacket(t, out); got.dst != ext(podV, 80) || got.src != syn.src {
+		t.Fatalf("ACK translated to %s -> %s", got.src, got.dst)
+	}
+	var perCPU []uint64
+	if err := e.objs.WeftDsrFallbacks.Lookup(uint32(0), &perCPU); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	if n != 1 {
+		t.Fatalf("%d fallbacks counted, want 1", n)
+	}
+}

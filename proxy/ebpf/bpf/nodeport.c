@@ -444,7 +444,10 @@ static __always_inline int dsr_route(struct __sk_buff *skb, const struct pkt *p,
 	fib->l4_protocol = p->t.proto;
 	fib->sport = p->t.sport;
 	fib->dport = p->t.dport;
-	fib->tot_len = skb->len - p->l3off + extra;
+	// The path's MTU is checked only for a packet the option grows: a
+	// larger packet as it came (a GRO aggregate on the uplink) is
+	// segmented again on the way out.
+	fib->tot_len = extra ? skb->len - p->l3off + extra : 0;
 	fib->ipv4_src = p->t.saddr[3];
 	fib->ipv4_dst = baddr;
 	fib->ifindex = skb->ifindex;
@@ -462,7 +465,8 @@ static __always_inline int dsr_route(struct __sk_buff *skb, const struct pkt *p,
 }
 
 // dsr_insert puts weft's option carrying frontend faddr:fport (network
-// order) after p's 20-byte IPv4 header.
+// order) after p's 20-byte IPv4 header. It returns 1 when the packet
+// could not grow (it is unchanged), -1 when it was left broken.
 static __always_inline int dsr_insert(struct __sk_buff *skb, struct pkt *p, __u32 faddr, __u16 fport)
 {
 	struct dsr_opt o = {.type = DSR_OPT_TYPE, .len = DSR_OPT_LEN, .port = fport, .addr = faddr};
@@ -471,7 +475,7 @@ static __always_inline int dsr_insert(struct __sk_buff *skb, struct pkt *p, __u3
 
 	if (bpf_skb_load_bytes(skb, p->l3off + 2, &tot, 2) < 0 ||
 	    bpf_skb_adjust_room(skb, DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0))
-		return -1;
+		return 1;
 	tot = bpf_htons(bpf_ntohs(tot) + DSR_OPT_LEN);
 	if (bpf_skb_store_bytes(skb, p->l3off, &vihl, 1, 0) || bpf_skb_store_bytes(skb, p->l3off + 2, &tot, 2, 0) ||
 	    bpf_skb_store_bytes(skb, p->l3off + 20, &o, sizeof(o), 0))
@@ -505,12 +509,18 @@ static __always_inline int dsr_send(struct __sk_buff *skb, struct pkt *p, __u32 
 	int opt = dsr_opt_wanted(p) && p->l4off == p->l3off + 20;
 	struct bpf_fib_lookup fib;
 
-	if (dsr_route(skb, p, p->t.daddr[3], opt ? DSR_OPT_LEN : 0, &fib) || ttl_dec(skb, p)) {
+	int err = dsr_route(skb, p, p->t.daddr[3], opt ? DSR_OPT_LEN : 0, &fib) ? 1 : 0;
+
+	if (!err && opt)
+		err = dsr_insert(skb, p, faddr, fport);
+	if (err < 0)
+		return TC_ACT_SHOT;
+	if (err || ttl_dec(skb, p)) {
+		// Not routed here (no route, or the packet cannot grow: a UDP
+		// GRO aggregate; or its TTL runs out): the stack has it.
 		count(&weft_dsr_fallbacks);
 		return TC_ACT_OK;
 	}
-	if (opt && dsr_insert(skb, p, faddr, fport))
-		return TC_ACT_SHOT;
 	struct bpf_redir_neigh nh = {.nh_family = fib.family, .ipv4_nh = fib.ipv4_dst};
 	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 }
