@@ -86,6 +86,9 @@ type Backend struct {
 	lru        lruCounts
 	// lbWarned: the maps the writer fills reported nearly full.
 	lbWarned map[string]bool
+	// rpWarned: the VXLAN device's strict rp_filter could not be made
+	// loose (dsr mode), and a warning said so.
+	rpWarned bool
 	// grace and ret: the grace periods between a sync and the deletion of
 	// what it retired (grace.go).
 	grace *graceWaiter

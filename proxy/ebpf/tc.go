@@ -97,15 +97,20 @@ func (b *Backend) devicePrograms() (want map[tcHook]*ebpf.Program, ports map[uin
 	// weft's option to strip (weft_nodeport's receive side; replies leave
 	// by the route to the client, an uplink). A device created later is
 	// taken by a later sync.
-	if tun := b.cfg.tunnelDevice(); !slices.Contains(b.uplinks, tun) {
+	// In snat mode nothing runs there (no node sends DSR packets).
+	if tun := b.cfg.tunnelDevice(); b.cfg.lbMode() != LBModeSNAT && !slices.Contains(b.uplinks, tun) {
 		if l, err := netlink.LinkByName(tun); err == nil {
 			if _, ok := l.(*netlink.Vxlan); ok {
 				want[tcHook{tun, false}] = b.np.WeftNodeport
 				// A client's packet arrives there while the route back
 				// to it is another device: strict reverse-path
-				// filtering would drop it.
-				if err := looseRPFilter(tun); err != nil {
-					errs = append(errs, err)
+				// filtering would drop it. Failing to set it is no
+				// error of the sync (the agent's container may see
+				// /proc/sys read-only): a warning, once, says what to
+				// set.
+				if err := looseRPFilter(tun); err != nil && !b.rpWarned {
+					b.rpWarned = true
+					b.cfg.Log.Warn("direct server return over the VXLAN device needs its reverse-path filter loose or off: set net.ipv4.conf."+tun+".rp_filter=2 (or net.ipv4.conf.default.rp_filter=2 before the device is made)", "err", err)
 				}
 			}
 		}
@@ -121,16 +126,29 @@ func (c Config) tunnelDevice() string {
 	return routing.DefaultDevice
 }
 
-// looseRPFilter sets dev's reverse-path filter to loose (2): the kernel
-// applies the larger of the device's value and "all"'s, so loose on the
-// device wins over strict in "all" (and 0 on the device would not).
+// looseRPFilter makes dev's reverse-path filtering loose where it is
+// strict: the kernel applies the larger of the device's value and
+// "all"'s, so where that is 1 (strict) the device gets 2 (loose), which
+// wins over strict in "all" (0 on the device would not); where it is 0
+// (off) or 2 nothing is written.
 func looseRPFilter(dev string) error {
-	path := filepath.Join("/proc/sys/net/ipv4/conf", dev, "rp_filter")
-	cur, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", path, err)
+	read := func(path string) (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("reading %s: %w", path, err)
+		}
+		return strings.TrimSpace(string(b)), nil
 	}
-	if strings.TrimSpace(string(cur)) == "2" {
+	path := filepath.Join("/proc/sys/net/ipv4/conf", dev, "rp_filter")
+	cur, err := read(path)
+	if err != nil {
+		return err
+	}
+	all, err := read("/proc/sys/net/ipv4/conf/all/rp_filter")
+	if err != nil {
+		return err
+	}
+	if max(cur, all) != "1" {
 		return nil
 	}
 	if err := os.WriteFile(path, []byte("2\n"), 0o644); err != nil {
