@@ -508,9 +508,11 @@ static __always_inline int dsr_send(struct __sk_buff *skb, struct pkt *p, __u32 
 {
 	int opt = dsr_opt_wanted(p) && p->l4off == p->l3off + 20;
 	struct bpf_fib_lookup fib;
+	int err;
 
-	int err = dsr_route(skb, p, p->t.daddr[3], opt ? DSR_OPT_LEN : 0, &fib) ? 1 : 0;
-
+	// err: 0 routed so far, 1 not routed (the packet is unchanged), -1
+	// the packet was left broken.
+	err = dsr_route(skb, p, p->t.daddr[3], opt ? DSR_OPT_LEN : 0, &fib) ? 1 : 0;
 	if (!err && opt)
 		err = dsr_insert(skb, p, faddr, fport);
 	if (err < 0)
