@@ -110,7 +110,7 @@ func (b *Backend) devicePrograms() (want map[tcHook]*ebpf.Program, ports map[uin
 				// set.
 				if err := looseRPFilter(tun); err != nil && !b.rpWarned {
 					b.rpWarned = true
-					b.cfg.Log.Warn("direct server return over the VXLAN device needs its reverse-path filter loose or off: set net.ipv4.conf."+tun+".rp_filter=2 (or net.ipv4.conf.default.rp_filter=2 before the device is made)", "err", err)
+					b.cfg.Log.Warn("direct server return over the VXLAN device needs its reverse-path filter loose or off: set net.ipv4.conf."+strings.ReplaceAll(tun, ".", "/")+".rp_filter=2 (or net.ipv4.conf.default.rp_filter=2 before the device is made)", "err", err)
 				}
 			}
 		}
