@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	procstat "github.com/weftnet/weft/internal/proc"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 // env is what every subject's measurement shares.
@@ -98,7 +99,7 @@ type session struct {
 
 func (ss *session) alive() error {
 	for _, p := range ss.procs {
-		if err := p.exited(); err != nil {
+		if err := p.Exited(); err != nil {
 			return err
 		}
 	}
@@ -158,7 +159,10 @@ func (e *env) prepare(ctx context.Context, s subject, r *result) *session {
 	type node struct{ path, name, ip, uplink string }
 	nodes := []node{{w.node1, node1Name, node1IP.String(), uplinkDev}}
 	if s.bothNodes {
-		nodes = append(nodes, node{w.node2, node2Name, node2IP.String(), node2Uplink})
+		// Its eBPF devices: where packets from node1 arrive (the option
+		// read there) and where the replies to the client leave (their
+		// source translated back there).
+		nodes = append(nodes, node{w.node2, node2Name, node2IP.String(), node2Uplink + "," + node2Client})
 	}
 	if s.routing {
 		nodes = nil
@@ -183,13 +187,13 @@ func (e *env) prepare(ctx context.Context, s subject, r *result) *session {
 			args = append(args, more...)
 		}
 		log := filepath.Join(e.logDir, fmt.Sprintf("%s-%s.log", s.name, n.name))
-		p, err := start(n.path, log, args)
+		p, err := benchlab.Start(n.path, log, args)
 		if err != nil {
 			r.err = err
 			return nil
 		}
 		ss.procs = append(ss.procs, p)
-		ss.undo = append(ss.undo, p.stop)
+		ss.undo = append(ss.undo, p.Stop)
 	}
 	// 1. The path works: every backend answers through the NodePort (the
 	// routing reference: at its own address).
@@ -397,7 +401,7 @@ func (w *world) snapshot(dev string, proxy *proc) (counters, error) {
 		return c, err
 	}
 	if proxy != nil {
-		c.proxy, _ = procstat.CPU(proxy.cmd.Process.Pid)
+		c.proxy, _ = procstat.CPU(proxy.Cmd.Process.Pid)
 	}
 	return c, nil
 }

@@ -7,14 +7,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
+
+// proc is a process the bench started in a namespace.
+type proc = benchlab.Proc
 
 // subject is one proxy under test: a binary (weft-proxy or kube-proxy)
 // and the flags that make it this subject. Every subject gets the same
@@ -101,10 +102,10 @@ type ebpfEnv struct{ bpffs, cgroup2 string }
 func newEBPFEnv() (*ebpfEnv, error) {
 	e := &ebpfEnv{}
 	var err error
-	if e.bpffs, err = mountTemp("bpf"); err != nil {
+	if e.bpffs, err = benchlab.MountTemp("bpf"); err != nil {
 		return nil, err
 	}
-	if e.cgroup2, err = mountTemp("cgroup2"); err != nil {
+	if e.cgroup2, err = benchlab.MountTemp("cgroup2"); err != nil {
 		e.close()
 		return nil, err
 	}
@@ -148,84 +149,4 @@ func (e *ebpfEnv) close() {
 			_ = os.Remove(dir)
 		}
 	}
-}
-
-func mountTemp(fs string) (string, error) {
-	dir, err := os.MkdirTemp("", "pktbench-"+fs)
-	if err != nil {
-		return "", err
-	}
-	if err := unix.Mount(fs, dir, fs, 0, ""); err != nil {
-		_ = os.Remove(dir)
-		return "", fmt.Errorf("mounting %s on %s: %w", fs, dir, err)
-	}
-	return dir, nil
-}
-
-// proc is a process the bench started in a namespace.
-type proc struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-}
-
-// start runs args in the namespace at ns, output to logPath.
-func start(ns, logPath string, args []string, env ...string) (*proc, error) {
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, env...)
-	// The forking thread is locked (netnsutil.Do) and lives on, so the
-	// process dies with the benchmark.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
-	if err := netnsutil.Do(ns, cmd.Start); err != nil {
-		f.Close()
-		return nil, err
-	}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// exited describes the exit if the process has ended.
-func (p *proc) exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s exited (%v); log %s:\n%s", filepath.Base(p.cmd.Args[0]), p.err, p.log, tail(p.log, 12))
-	default:
-		return nil
-	}
-}
-
-func (p *proc) stop() {
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "    " + strings.Join(lines, "\n    ")
 }

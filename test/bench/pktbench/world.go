@@ -45,6 +45,7 @@ const (
 	genSinkDev  = "eth2" // the generator's link to the sink
 	uplinkDev   = "up0"  // node1's uplink
 	node2Uplink = "n1"   // node2's link toward node1
+	node2Client = "cl0"  // node2's link toward the client (DSR replies leave by it)
 	podDev      = "eth0" // a pod's interface
 	bridgeDev   = "cbr0"
 )
@@ -147,7 +148,7 @@ func newWorld(idx, local, remote int) (w *world, err error) {
 	if err := veth(w.gen, genDev, genUplinkIP, w.node1, uplinkDev, node1IP, 24); err != nil {
 		return w, err
 	}
-	if err := veth(w.gen, "eth1", genDirectIP, w.node2, "cl0", node2ClientIP, 24); err != nil {
+	if err := veth(w.gen, "eth1", genDirectIP, w.node2, node2Client, node2ClientIP, 24); err != nil {
 		return w, err
 	}
 	if err := veth(w.node1, "n2", node1LinkIP, w.node2, node2Uplink, node2IP, 24); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	weftebpf "github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/model"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 // ebpfEnv is where weft-proxy --mode ebpf runs in the bench: a bpffs and
@@ -32,10 +33,10 @@ func (e *ebpfEnv) pin() string { return filepath.Join(e.bpffs, "weft") }
 func newEBPFEnv() (*ebpfEnv, error) {
 	e := &ebpfEnv{}
 	var err error
-	if e.bpffs, err = mountTemp("bpf"); err != nil {
+	if e.bpffs, err = benchlab.MountTemp("bpf"); err != nil {
 		return nil, err
 	}
-	if e.cgroup2, err = mountTemp("cgroup2"); err != nil {
+	if e.cgroup2, err = benchlab.MountTemp("cgroup2"); err != nil {
 		e.close()
 		return nil, err
 	}
@@ -45,19 +46,6 @@ func newEBPFEnv() (*ebpfEnv, error) {
 		return nil, fmt.Errorf("creating the bench cgroup: %w", err)
 	}
 	return e, nil
-}
-
-// mountTemp mounts a file system of type fs on a new temporary directory.
-func mountTemp(fs string) (string, error) {
-	dir, err := os.MkdirTemp("", "proxybench-"+fs)
-	if err != nil {
-		return "", err
-	}
-	if err := unix.Mount(fs, dir, fs, 0, ""); err != nil {
-		_ = os.Remove(dir)
-		return "", fmt.Errorf("mounting %s on %s: %w", fs, dir, err)
-	}
-	return dir, nil
 }
 
 // reset removes what an earlier run pinned: its maps, and its links,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 const (
@@ -170,14 +171,14 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int) (r resul
 	if err != nil {
 		return result{err: err}
 	}
-	defer p.stop()
+	defer p.Stop()
 	defer func() {
-		if hwm, err := p.vmHWM(); err == nil {
+		if hwm, err := p.VmHWM(); err == nil {
 			r.hwm = hwm
 		}
 	}()
 	m := newScraper(b)
-	deadline := p.start.Add(e.timeout)
+	deadline := p.Started.Add(e.timeout)
 	sctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
 	defer cancel()
 
@@ -185,7 +186,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int) (r resul
 	var first time.Time
 	firstFailed := false
 	for first.IsZero() {
-		if err := p.exited(); err != nil {
+		if err := p.Exited(); err != nil {
 			return result{err: err}
 		}
 		st, err := m.get(sctx)
@@ -198,7 +199,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int) (r resul
 			break
 		}
 		if time.Now().After(deadline) {
-			return result{timedOut: true, err: fmt.Errorf("no sync counted in /metrics (last scrape: %+v, %v); log %s:\n%s", st, err, p.log, tail(p.log, 8))}
+			return result{timedOut: true, err: fmt.Errorf("no sync counted in /metrics (last scrape: %+v, %v); log %s:\n%s", st, err, p.Log, benchlab.Tail(p.Log, 8))}
 		}
 		if err := sleep(sctx, 100*time.Millisecond); err != nil {
 			return result{err: err}
@@ -209,7 +210,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int) (r resul
 	// succeeded. If that sync failed or was not complete, poll the ruleset
 	// every 500 ms and count until a dump that does has ended, after a
 	// successful sync.
-	r.scratch = first.Sub(p.start)
+	r.scratch = first.Sub(p.Started)
 	r.late = firstFailed
 	want, vips := size*perSvc, e.vips[:size]
 	for {
@@ -223,7 +224,7 @@ func (e *env) measure(ctx context.Context, s subject, size, perSvc int) (r resul
 		}
 		if ok {
 			if r.late {
-				r.scratch = time.Since(p.start)
+				r.scratch = time.Since(p.Started)
 			}
 			break
 		}
@@ -331,7 +332,7 @@ func (e *env) oneChange(ctx context.Context, b *box, p *proc, m *scraper, s subj
 	}
 	seen := before.count
 	for {
-		if err := p.exited(); err != nil {
+		if err := p.Exited(); err != nil {
 			return changed{}, err
 		}
 		el := time.Since(t0)
@@ -386,7 +387,7 @@ func quiet(ctx context.Context, m *scraper, p *proc) (syncs, error) {
 	}
 	stable := time.Now()
 	for time.Since(stable) < 1500*time.Millisecond {
-		if err := p.exited(); err != nil {
+		if err := p.Exited(); err != nil {
 			return last, err
 		}
 		if err := sleep(ctx, 250*time.Millisecond); err != nil {

@@ -2,25 +2,25 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
+
+// proc is a process the bench started in a namespace.
+type proc = benchlab.Proc
 
 // box is a fresh network namespace attached to the lab's underlay, where one
 // proxy runs alone. Its name carries the lab's prefix, so lab.Down also
@@ -106,85 +106,8 @@ func (b *box) output(args ...string) (string, error) {
 	return out.String(), nil
 }
 
-// proc is a proxy process started inside a box.
-type proc struct {
-	cmd   *exec.Cmd
-	start time.Time
-	log   string
-	done  chan struct{}
-	err   error
-}
-
 func (b *box) start(logPath string, args []string) (*proc, error) {
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
-	// The forking thread is locked (netnsutil.Do) and lives on, so the
-	// proxy dies with the benchmark.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
-	p.start = time.Now()
-	if err := netnsutil.Do(b.path, cmd.Start); err != nil {
-		f.Close()
-		return nil, err
-	}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// exited returns an error describing the exit if the process has ended.
-func (p *proc) exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s exited (%v); log %s:\n%s", p.cmd.Args[0], p.err, p.log, tail(p.log, 15))
-	default:
-		return nil
-	}
-}
-
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// vmHWM is the process's peak resident set size in bytes.
-func (p *proc) vmHWM() (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmHWM in /proc/PID/status")
-}
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "    " + strings.Join(lines, "\n    ")
+	return benchlab.Start(b.path, logPath, args)
 }
 
 // hasIP reports whether ip occurs in text as a whole address (10.96.0.1 does
