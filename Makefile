@@ -121,10 +121,12 @@ image: build
 # Everything: pure, kernel (private network namespaces), image and lab
 # tests, then the upstream suite's [sig-network] [Conformance] specs on a
 # real-node lab in one proxy mode (CI_CONFORMANCE_MODE; make conformance
-# runs more).
+# runs more). The lab tests (test/e2e) and the VM suites (test/vm) take
+# the machine's lab turn one after the other (lab.WaitTurn queues them),
+# so one package may wait for the other's whole run: hence the timeout.
 CI_CONFORMANCE_MODE ?= iptables
 test: deps build kube lint bpf-check image node e2e
-	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 40m ./...
+	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 80m ./...
 	$(GO) run ./test/conformance -conformance-only -modes $(CI_CONFORMANCE_MODE) -out $(BIN)/conformance-ci
 
 # The kernel suites that need another kernel (IPVS; Debian stable's 6.1),

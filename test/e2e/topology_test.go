@@ -229,7 +229,7 @@ func podIPsExhaustion(t *testing.T, c *cluster) {
 		scale(n)
 		testutil.Eventually(t, 30*time.Second, fmt.Sprintf("%d fill pods running on node1", n), func() bool { return running()["node1"] == int(n) })
 	}
-	testutil.Eventually(t, 10*time.Second, "node1 tainted with its podCIDR full", func() bool { return topology.Tainted(getNode(t, c, "node1")) })
+	testutil.Eventually(t, 30*time.Second, "node1 tainted with its podCIDR full", func() bool { return topology.Tainted(getNode(t, c, "node1")) })
 
 	scale(fill + 2)
 	// The scheduler names no taint in its message; node1's only taint is
