@@ -102,7 +102,7 @@ func upOptions(t *testing.T, o lab.Options) *cluster {
 	dir := filepath.Join(t.TempDir(), "lab")
 	// Another test binary on the machine (another package, a benchmark)
 	// may hold the machine's lab.
-	turnCtx, cancelTurn := context.WithTimeout(context.Background(), 30*time.Minute)
+	turnCtx, cancelTurn := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancelTurn()
 	done, err := lab.WaitTurn(turnCtx)
 	if err != nil {

@@ -134,7 +134,7 @@ func TestVM(t *testing.T) {
 	// The VM takes the machine's lab turn: beside a lab's load the
 	// emulated guest runs several times slower, and the scenarios' one
 	// second requests would time out.
-	turnCtx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	turnCtx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	done, err := lab.WaitTurn(turnCtx)
 	if err != nil {
