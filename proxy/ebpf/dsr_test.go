@@ -274,13 +274,9 @@ func TestDSRLocalAndUnrouted(t *testing.T) {
 			t.Fatalf("port %d: translated to %s -> %s", c.port, got.src, got.dst)
 		}
 	}
-	var perCPU []uint64
-	if err := e.objs.WeftDsrFallbacks.Lookup(uint32(0), &perCPU); err != nil {
+	n, err := counterSum(e.objs.WeftDsrFallbacks)
+	if err != nil {
 		t.Fatal(err)
-	}
-	var n uint64
-	for _, v := range perCPU {
-		n += v
 	}
 	if n != 1 {
 		t.Fatalf("%d fallbacks counted, want 1 (the unrouted backend)", n)
@@ -449,13 +445,9 @@ func TestDSRLaterPacketUnrouted(t *testing.T) {
 	if got := parsePacket(t, out); got.dst != ext(podV, 80) || got.src != syn.src {
 		t.Fatalf("ACK translated to %s -> %s", got.src, got.dst)
 	}
-	var perCPU []uint64
-	if err := e.objs.WeftDsrFallbacks.Lookup(uint32(0), &perCPU); err != nil {
+	n, err := counterSum(e.objs.WeftDsrFallbacks)
+	if err != nil {
 		t.Fatal(err)
-	}
-	var n uint64
-	for _, v := range perCPU {
-		n += v
 	}
 	if n != 1 {
 		t.Fatalf("%d fallbacks counted, want 1", n)

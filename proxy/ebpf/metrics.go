@@ -104,19 +104,10 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 		return // not started, or cleaned up
 	}
 	gauge(descTermAvailable, boolValue(b.udp != nil))
-	var perCPU []uint64
-	if err := b.np.WeftCtFailures.Lookup(uint32(0), &perCPU); err == nil {
-		var n uint64
-		for _, v := range perCPU {
-			n += v
-		}
+	if n, err := counterSum(b.np.WeftCtFailures); err == nil {
 		ch <- prometheus.MustNewConstMetric(descCTFailures, prometheus.CounterValue, float64(n))
 	}
-	if err := b.np.WeftDsrFallbacks.Lookup(uint32(0), &perCPU); err == nil {
-		var n uint64
-		for _, v := range perCPU {
-			n += v
-		}
+	if n, err := counterSum(b.np.WeftDsrFallbacks); err == nil {
 		ch <- prometheus.MustNewConstMetric(descDSRFallbacks, prometheus.CounterValue, float64(n))
 	}
 	gauge(descLBMode, 1, b.cfg.lbMode())
@@ -221,4 +212,18 @@ func (t *tally) add(k FrontendKey, f *frontendState, sign int) {
 	if k.External && len(f.backends) > 0 {
 		t.maglev += sign
 	}
+}
+
+// counterSum is the value of a per-CPU counter of the programs (a
+// one-entry per-CPU array), summed over the CPUs.
+func counterSum(m *ebpf.Map) (uint64, error) {
+	var perCPU []uint64
+	if err := m.Lookup(uint32(0), &perCPU); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	return n, nil
 }
