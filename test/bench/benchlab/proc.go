@@ -119,3 +119,33 @@ func MountTemp(fs string) (string, error) {
 	}
 	return dir, nil
 }
+
+// BPFMounts are a bpffs and the cgroup v2 hierarchy mounted on temporary
+// directories in the benchmark's private mount namespace (its own /sys
+// hides the machine's), where weft-proxy --mode ebpf pins and attaches.
+type BPFMounts struct{ BPFFS, Cgroup2 string }
+
+// MountBPF mounts both.
+func MountBPF() (*BPFMounts, error) {
+	m := &BPFMounts{}
+	var err error
+	if m.BPFFS, err = MountTemp("bpf"); err != nil {
+		return nil, err
+	}
+	if m.Cgroup2, err = MountTemp("cgroup2"); err != nil {
+		m.Unmount()
+		return nil, err
+	}
+	return m, nil
+}
+
+// Unmount unmounts both and removes their directories (what the bpffs
+// pinned goes with it).
+func (m *BPFMounts) Unmount() {
+	for _, dir := range []string{m.Cgroup2, m.BPFFS} {
+		if dir != "" {
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+			_ = os.Remove(dir)
+		}
+	}
+}

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/weftnet/weft/lab"
 	"github.com/weftnet/weft/test/bench/benchlab"
 )
@@ -97,29 +95,24 @@ func available(s subject, bin string) (bool, error) {
 // cgroups the bench made there (one per node), so that the socket programs
 // translate nobody's sockets; the generator and the backends are in no
 // such cgroup and meet only the per-packet path.
-type ebpfEnv struct{ bpffs, cgroup2 string }
+type ebpfEnv struct{ *benchlab.BPFMounts }
 
 func newEBPFEnv() (*ebpfEnv, error) {
-	e := &ebpfEnv{}
-	var err error
-	if e.bpffs, err = benchlab.MountTemp("bpf"); err != nil {
+	m, err := benchlab.MountBPF()
+	if err != nil {
 		return nil, err
 	}
-	if e.cgroup2, err = benchlab.MountTemp("cgroup2"); err != nil {
-		e.close()
-		return nil, err
-	}
-	return e, nil
+	return &ebpfEnv{m}, nil
 }
 
 // args are the flags that put a proxy (key: the subject and its node) in
 // the bench's bpffs and a cgroup of its own; its pins start empty.
 func (e *ebpfEnv) args(key string) ([]string, error) {
-	pin := filepath.Join(e.bpffs, key)
+	pin := filepath.Join(e.BPFFS, key)
 	if err := os.RemoveAll(pin); err != nil {
 		return nil, err
 	}
-	cg := filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), key))
+	cg := filepath.Join(e.Cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), key))
 	if err := os.Mkdir(cg, 0o755); err != nil && !os.IsExist(err) {
 		return nil, fmt.Errorf("creating the bench cgroup: %w", err)
 	}
@@ -129,13 +122,13 @@ func (e *ebpfEnv) args(key string) ([]string, error) {
 // release removes a proxy's pins (its links and maps go with them) and
 // its cgroup.
 func (e *ebpfEnv) release(key string) {
-	_ = os.RemoveAll(filepath.Join(e.bpffs, key))
-	_ = os.Remove(filepath.Join(e.cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), key)))
+	_ = os.RemoveAll(filepath.Join(e.BPFFS, key))
+	_ = os.Remove(filepath.Join(e.Cgroup2, fmt.Sprintf("weft-pktbench-%d-%s", os.Getpid(), key)))
 }
 
 // reset releases every proxy's.
 func (e *ebpfEnv) reset() {
-	ents, _ := os.ReadDir(e.bpffs)
+	ents, _ := os.ReadDir(e.BPFFS)
 	for _, d := range ents {
 		e.release(d.Name())
 	}
@@ -143,10 +136,5 @@ func (e *ebpfEnv) reset() {
 
 func (e *ebpfEnv) close() {
 	e.reset()
-	for _, dir := range []string{e.cgroup2, e.bpffs} {
-		if dir != "" {
-			_ = unix.Unmount(dir, unix.MNT_DETACH)
-			_ = os.Remove(dir)
-		}
-	}
+	e.Unmount()
 }

@@ -10,8 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	weftebpf "github.com/weftnet/weft/proxy/ebpf"
 	"github.com/weftnet/weft/proxy/model"
 	"github.com/weftnet/weft/test/bench/benchlab"
@@ -23,26 +21,22 @@ import (
 // /sys hides the host's cgroup mount), and an empty cgroup the bench made
 // there, so that the socket programs translate nobody's sockets.
 type ebpfEnv struct {
-	bpffs, cgroup2, cgroup string
+	*benchlab.BPFMounts
+	cgroup string
 }
 
 // pin is the proxy's pin path; each run starts from an empty one.
-func (e *ebpfEnv) pin() string { return filepath.Join(e.bpffs, "weft") }
+func (e *ebpfEnv) pin() string { return filepath.Join(e.BPFFS, "weft") }
 
 // newEBPFEnv mounts the file systems and creates the cgroup.
 func newEBPFEnv() (*ebpfEnv, error) {
-	e := &ebpfEnv{}
-	var err error
-	if e.bpffs, err = benchlab.MountTemp("bpf"); err != nil {
+	m, err := benchlab.MountBPF()
+	if err != nil {
 		return nil, err
 	}
-	if e.cgroup2, err = benchlab.MountTemp("cgroup2"); err != nil {
-		e.close()
-		return nil, err
-	}
-	e.cgroup = filepath.Join(e.cgroup2, fmt.Sprintf("weft-proxybench-%d", os.Getpid()))
+	e := &ebpfEnv{BPFMounts: m, cgroup: filepath.Join(m.Cgroup2, fmt.Sprintf("weft-proxybench-%d", os.Getpid()))}
 	if err := os.Mkdir(e.cgroup, 0o755); err != nil {
-		e.close()
+		m.Unmount()
 		return nil, fmt.Errorf("creating the bench cgroup: %w", err)
 	}
 	return e, nil
@@ -55,15 +49,8 @@ func (e *ebpfEnv) reset() error { return os.RemoveAll(e.pin()) }
 // close removes the cgroup and unmounts the file systems (the pins go
 // with the bpffs).
 func (e *ebpfEnv) close() {
-	if e.cgroup != "" {
-		_ = os.Remove(e.cgroup)
-	}
-	for _, dir := range []string{e.cgroup2, e.bpffs} {
-		if dir != "" {
-			_ = unix.Unmount(dir, unix.MNT_DETACH)
-			_ = os.Remove(dir)
-		}
-	}
+	_ = os.Remove(e.cgroup)
+	e.Unmount()
 }
 
 // dump reads the pinned maps as weft-proxy --dump prints them: one line
