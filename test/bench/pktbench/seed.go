@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/weftnet/weft/test/bench/benchlab"
 )
@@ -32,7 +31,7 @@ const (
 
 func seed(ctx context.Context, c kubernetes.Interface, pods []pod) error {
 	for _, n := range []struct{ name, ip string }{{node1Name, node1IP.String()}, {node2Name, node2IP.String()}} {
-		if err := ensureNode(ctx, c, n.name, n.ip); err != nil {
+		if err := benchlab.EnsureNode(ctx, c, n.name, n.ip); err != nil {
 			return fmt.Errorf("node %s: %w", n.name, err)
 		}
 	}
@@ -66,23 +65,4 @@ func seed(ctx context.Context, c kubernetes.Interface, pods []pod) error {
 		return fmt.Errorf("creating %s's EndpointSlice: %w", svcName, err)
 	}
 	return nil
-}
-
-// ensureNode creates Node name with InternalIP ip, so that kube-proxy
-// finds its node IP at once. Nothing keeps it Ready; the proxies do not
-// need that.
-func ensureNode(ctx context.Context, c kubernetes.Interface, name, ip string) error {
-	_, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
-		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
 }

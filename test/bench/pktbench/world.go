@@ -12,6 +12,7 @@ import (
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
+	"github.com/weftnet/weft/test/bench/benchlab"
 )
 
 // The address plan, stated once. Each subject gets a fresh world of
@@ -159,7 +160,7 @@ func newWorld(idx, local, remote int) (w *world, err error) {
 		ip   netip.Addr
 		veth string
 	}{{w.node1, w.node1UL, fmt.Sprintf("ul-pk%da", idx)}, {w.node2, w.node2UL, fmt.Sprintf("ul-pk%db", idx)}} {
-		if err := attachUnderlay(n.path, n.veth, n.ip); err != nil {
+		if err := benchlab.AttachUnderlay(n.path, n.veth, n.ip); err != nil {
 			return w, fmt.Errorf("attaching node%d to the underlay: %w", i+1, err)
 		}
 	}
@@ -279,34 +280,6 @@ func route(ns string, dst netip.Prefix, gw netip.Addr) error {
 		}
 		return nil
 	})
-}
-
-// attachUnderlay links the namespace at ns to the lab's underlay bridge
-// (eth0 with ip/24, default route via the lab's external host), as lab
-// members are, so that a proxy there reaches the API server.
-func attachUnderlay(ns, vethName string, ip netip.Addr) error {
-	member, err := netns.GetFromPath(ns)
-	if err != nil {
-		return err
-	}
-	defer member.Close()
-	err = netnsutil.Do(netnsutil.RunDir+"/"+lab.UnderlayNS, func() error {
-		br, err := netlink.LinkByName(lab.UnderlayBr)
-		if err != nil {
-			return err
-		}
-		return netlink.LinkAdd(&netlink.Veth{
-			LinkAttrs: netlink.LinkAttrs{Name: vethName, MasterIndex: br.Attrs().Index, Flags: net.FlagUp, TxQLen: -1},
-			PeerName:  "eth0", PeerNamespace: netlink.NsFd(int(member)),
-		})
-	})
-	if err != nil {
-		return err
-	}
-	if err := addrUp(ns, "eth0", ip, 24); err != nil {
-		return err
-	}
-	return route(ns, netip.Prefix{}, lab.ExternalIP)
 }
 
 // bridge makes the pod bridge in ns with the pods' gateway address.

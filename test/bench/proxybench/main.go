@@ -173,7 +173,7 @@ func run(ctx context.Context, binDir string, sizes []int, subs []subject, perSvc
 	}
 	fmt.Printf("proxybench: lab in %s, proxy logs in %s\n", l.Dir, logDir)
 	client, kc := l.Client, l.Kubeconfig
-	if err := ensureNode(ctx, client, nodeName, nodeIP); err != nil {
+	if err := benchlab.EnsureNode(ctx, client, nodeName, nodeIP); err != nil {
 		return err
 	}
 	seedClient, err := l.SeedClient()

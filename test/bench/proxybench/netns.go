@@ -3,16 +3,12 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"net/netip"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/weftnet/weft/internal/netnsutil"
 	"github.com/weftnet/weft/lab"
@@ -51,41 +47,7 @@ func newBox(idx int) (*box, error) {
 	return b, nil
 }
 
-func (b *box) attach(veth string) error {
-	member, err := netns.GetFromPath(b.path)
-	if err != nil {
-		return err
-	}
-	defer member.Close()
-	err = netnsutil.Do(netnsutil.RunDir+"/"+lab.UnderlayNS, func() error {
-		br, err := netlink.LinkByName(lab.UnderlayBr)
-		if err != nil {
-			return err
-		}
-		return netlink.LinkAdd(&netlink.Veth{
-			LinkAttrs:     netlink.LinkAttrs{Name: veth, MasterIndex: br.Attrs().Index, Flags: net.FlagUp, TxQLen: -1},
-			PeerName:      "eth0",
-			PeerNamespace: netlink.NsFd(int(member)),
-		})
-	})
-	if err != nil {
-		return err
-	}
-	return netnsutil.Do(b.path, func() error {
-		eth, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		addr := &netlink.Addr{IPNet: &net.IPNet{IP: b.ip.AsSlice(), Mask: net.CIDRMask(24, 32)}}
-		if err := netlink.AddrAdd(eth, addr); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(eth); err != nil {
-			return err
-		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: lab.ExternalIP.AsSlice()})
-	})
-}
+func (b *box) attach(veth string) error { return benchlab.AttachUnderlay(b.path, veth, b.ip) }
 
 // close deletes the namespace and its pods'; their veth pairs go with them.
 func (b *box) close() {

@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	procstat "github.com/weftnet/weft/internal/proc"
 	"github.com/weftnet/weft/lab"
@@ -299,22 +298,4 @@ func changeOne(ctx context.Context, c kubernetes.Interface, i int, ip string, be
 	before()
 	_, err = c.DiscoveryV1().EndpointSlices(benchNS).Update(ctx, s, metav1.UpdateOptions{})
 	return err
-}
-
-// ensureNode creates the Node the measured proxies run as, with an
-// InternalIP, so kube-proxy finds its node IP at once. Nothing keeps it
-// Ready; the proxies do not need that.
-func ensureNode(ctx context.Context, c kubernetes.Interface, name, ip string) error {
-	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
-		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
 }
