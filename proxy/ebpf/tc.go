@@ -169,8 +169,11 @@ func (b *Backend) attachDevices() error {
 	if err := syncBridgePorts(b.np.WeftBridgePorts, ports); err != nil {
 		errs = append(errs, err)
 	}
-	if err := syncNoDSR(b.np.WeftNoDsr); err != nil {
-		errs = append(errs, err)
+	// Only DSR reads weft_no_dsr: in snat mode a sync lists no links for it.
+	if b.cfg.lbMode() != LBModeSNAT {
+		if err := syncNoDSR(b.np.WeftNoDsr); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for h, prog := range want {
 		l, err := netlink.LinkByName(h.device)

@@ -154,7 +154,7 @@ func (z lbSizes) kernelName(m string) string {
 	return m
 }
 
-// next is the class of a map of class cur that is to hold n elements.
+// nextSize is the class of a map of class cur that is to hold n elements.
 func nextSize(cur uint8, n int) uint8 {
 	fit := func() uint8 {
 		if n < sizedFrom {
