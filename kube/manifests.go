@@ -169,6 +169,11 @@ func (w *manifestWatcher) scan() {
 			w.log.Error("manifest rejected, keeping its last good state", "file", path, "err", err)
 			continue
 		}
+		for _, o := range objs {
+			if _, isPod := o.(*corev1.Pod); !isPod {
+				_, _ = dropBookkeeping(o)
+			}
+		}
 		w.replace(path, objs)
 	}
 	for path := range w.files {

@@ -29,7 +29,7 @@ apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
-endpoints: [{addresses: [10.244.1.2]}]
+endpoints: [{addresses: [10.244.1.2], targetRef: {kind: Pod, name: web-0}}]
 `
 
 func TestParseManifests(t *testing.T) {
@@ -101,7 +101,8 @@ func (r *recorder) clusterIP(key string) string {
 }
 
 // TestWatchManifests: changes are picked up, a broken file keeps its last
-// good objects, a removed file removes its objects.
+// good objects, a removed file removes its objects; objects are slimmed as
+// the informers' are.
 func TestWatchManifests(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "web.yaml")
@@ -117,6 +118,11 @@ func TestWatchManifests(t *testing.T) {
 	defer cancel()
 	go func() { _ = WatchManifests(ctx, dir, rec, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
 	testutil.Eventually(t, 5*time.Second, "initial load", func() bool { return rec.clusterIP("default/web") == "10.96.0.10" && rec.synced })
+	rec.Lock()
+	if es := rec.slices["default/web-1"]; es == nil || len(es.Endpoints) != 1 || es.Endpoints[0].TargetRef != nil {
+		t.Errorf("slice as the handler got it: %+v, want one endpoint without targetRef", es)
+	}
+	rec.Unlock()
 
 	write(strings.Replace(goodYAML, "10.96.0.10", "10.96.0.11", 1))
 	testutil.Eventually(t, 5*time.Second, "update", func() bool { return rec.clusterIP("default/web") == "10.96.0.11" })

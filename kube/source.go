@@ -95,10 +95,13 @@ func handlerFuncs[T any](on func(old, new *T)) cache.ResourceEventHandlerFuncs {
 
 // dropBookkeeping removes what no weft consumer of Services and
 // EndpointSlices reads (managed fields, annotations such as kubectl's
-// last-applied configuration) before the object enters the cache: at 10k
-// Services it is most of the cached bytes. An EndpointSlice keeps its
-// endpoints.kubernetes.io/last-change-trigger-time annotation, from which
-// the proxy measures network programming latency as kube-proxy does.
+// last-applied configuration, each endpoint's targetRef and
+// deprecatedTopology) before the object enters the cache: at 10k Services
+// it is most of the cached bytes, and a targetRef (kind, namespace, name,
+// uid) is about 250 bytes an endpoint, 250 MB at a million. An
+// EndpointSlice keeps its endpoints.kubernetes.io/last-change-trigger-time
+// annotation, from which the proxy measures network programming latency
+// as kube-proxy does. The manifest source applies it too.
 func dropBookkeeping(o any) (any, error) {
 	m, ok := o.(metav1.Object)
 	if !ok {
@@ -106,8 +109,12 @@ func dropBookkeeping(o any) (any, error) {
 	}
 	m.SetManagedFields(nil)
 	keep := ""
-	if _, isSlice := o.(*discoveryv1.EndpointSlice); isSlice {
+	if es, isSlice := o.(*discoveryv1.EndpointSlice); isSlice {
 		keep = m.GetAnnotations()[corev1.EndpointsLastChangeTriggerTime]
+		for i := range es.Endpoints {
+			es.Endpoints[i].TargetRef = nil
+			es.Endpoints[i].DeprecatedTopology = nil
+		}
 	}
 	if keep != "" {
 		m.SetAnnotations(map[string]string{corev1.EndpointsLastChangeTriggerTime: keep})

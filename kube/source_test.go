@@ -19,9 +19,11 @@ import (
 )
 
 // TestWatchServicesSlims: Services and EndpointSlices reach the handler
-// (and the informer cache) without managed fields and annotations, and with
-// everything the proxy and DNS read, which includes a slice's
-// last-change-trigger-time (network programming latency).
+// (and the informer cache) without managed fields, annotations and the
+// endpoints' targetRef and deprecatedTopology, and with everything the
+// proxy and DNS read, which includes a slice's last-change-trigger-time
+// (network programming latency) and an endpoint's hostname, node, zone
+// and hints.
 func TestWatchServicesSlims(t *testing.T) {
 	const trigger = "2026-11-23T09:00:00.123456789Z"
 	meta := metav1.ObjectMeta{Namespace: "default", Name: "web",
@@ -32,7 +34,10 @@ func TestWatchServicesSlims(t *testing.T) {
 	esMeta := *meta.DeepCopy()
 	esMeta.Name, esMeta.Labels = "web-1", map[string]string{discoveryv1.LabelServiceName: "web"}
 	es := &discoveryv1.EndpointSlice{ObjectMeta: esMeta, AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.2"}}}}
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.2"}, Hostname: ptr("web-0"), NodeName: ptr("n1"), Zone: ptr("z1"),
+			Hints:              &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}},
+			TargetRef:          &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "web-0", UID: "6f1c2c1e-0000-4000-8000-000000000001"},
+			DeprecatedTopology: map[string]string{"kubernetes.io/hostname": "n1"}}}}
 	r := &recorder{services: map[string]*corev1.Service{}, slices: map[string]*discoveryv1.EndpointSlice{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -56,9 +61,17 @@ func TestWatchServicesSlims(t *testing.T) {
 		t.Errorf("the EndpointSlice kept annotations %v, want only %s", a, corev1.EndpointsLastChangeTriggerTime)
 	}
 	if gotSvc.Spec.ClusterIP != "10.96.0.10" || gotES.Labels[discoveryv1.LabelServiceName] != "web" || len(gotES.Endpoints) != 1 {
-		t.Errorf("slimmed too much: %+v %+v", gotSvc.Spec, gotES)
+		t.Fatalf("slimmed too much: %+v %+v", gotSvc.Spec, gotES)
+	}
+	if e := gotES.Endpoints[0]; e.TargetRef != nil || e.DeprecatedTopology != nil {
+		t.Errorf("the endpoint kept targetRef %v, deprecatedTopology %v", e.TargetRef, e.DeprecatedTopology)
+	}
+	if e := gotES.Endpoints[0]; *e.Hostname != "web-0" || *e.NodeName != "n1" || *e.Zone != "z1" || e.Hints == nil || e.Hints.ForZones[0].Name != "z1" {
+		t.Errorf("slimmed the endpoint too much: %+v", e)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // slowHandler is a ServiceHandler whose first Service event blocks until
 // release is closed, and which records what it had received when OnSynced

@@ -30,7 +30,7 @@ func (e Endpoint) Equal(f Endpoint) bool {
 	return e.IP == f.IP && e.Port == f.Port &&
 		e.Ready == f.Ready && e.Serving == f.Serving && e.Terminating == f.Terminating &&
 		e.NodeName == f.NodeName && e.Zone == f.Zone &&
-		slices.Equal(e.ZoneHints, f.ZoneHints) && slices.Equal(e.NodeHints, f.NodeHints)
+		slices.Equal(e.ForZones(), f.ForZones()) && slices.Equal(e.ForNodes(), f.ForNodes())
 }
 
 // EqualEndpoints reports whether two endpoint lists are equal, in order.

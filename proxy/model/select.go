@@ -79,13 +79,11 @@ func topology(eps []Endpoint, node, zone string) func(Endpoint) bool {
 		}
 		return found
 	}
-	nodeHints := func(e Endpoint) []string { return e.NodeHints }
-	zoneHints := func(e Endpoint) []string { return e.ZoneHints }
 	switch {
-	case all(nodeHints, node):
-		return func(e Endpoint) bool { return contains(e.NodeHints, node) }
-	case all(zoneHints, zone):
-		return func(e Endpoint) bool { return contains(e.ZoneHints, zone) }
+	case all(Endpoint.ForNodes, node):
+		return func(e Endpoint) bool { return contains(e.ForNodes(), node) }
+	case all(Endpoint.ForZones, zone):
+		return func(e Endpoint) bool { return contains(e.ForZones(), zone) }
 	}
 	return func(Endpoint) bool { return true }
 }

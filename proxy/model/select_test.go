@@ -21,9 +21,13 @@ func terminating(serving bool) func(*Endpoint) {
 
 func notReady(x *Endpoint) { x.Ready, x.Serving = false, false }
 
-func zones(zs ...string) func(*Endpoint) { return func(x *Endpoint) { x.ZoneHints = zs } }
+func zones(zs ...string) func(*Endpoint) {
+	return func(x *Endpoint) { x.Hints = &Hints{Zones: zs, Nodes: x.ForNodes()} }
+}
 
-func nodes(ns ...string) func(*Endpoint) { return func(x *Endpoint) { x.NodeHints = ns } }
+func nodes(ns ...string) func(*Endpoint) {
+	return func(x *Endpoint) { x.Hints = &Hints{Zones: x.ForZones(), Nodes: ns} }
+}
 
 func TestSelect(t *testing.T) {
 	cluster := &ServicePort{}

@@ -64,12 +64,13 @@ func sliceEndpoints(es *discoveryv1.EndpointSlice, v6 bool, r *reporter) []Endpo
 		if c.Serving != nil {
 			ep.Serving = *c.Serving
 		}
-		if h := e.Hints; h != nil {
+		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
+			ep.Hints = &Hints{}
 			for _, z := range h.ForZones {
-				ep.ZoneHints = append(ep.ZoneHints, z.Name)
+				ep.Hints.Zones = append(ep.Hints.Zones, z.Name)
 			}
 			for _, n := range h.ForNodes {
-				ep.NodeHints = append(ep.NodeHints, n.Name)
+				ep.Hints.Nodes = append(ep.Hints.Nodes, n.Name)
 			}
 		}
 		out = append(out, ep)

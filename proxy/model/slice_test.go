@@ -77,7 +77,7 @@ func TestBuildConditionsAndHints(t *testing.T) {
 	st, errs := Build([]*corev1.Service{svc("default", "web")}, []*discoveryv1.EndpointSlice{es})
 	checkErrs(t, errs, nil)
 	want := []Endpoint{
-		{IP: addrs("10.244.0.1")[0], Port: 8080, Ready: true, Serving: true, NodeName: "n1", Zone: "z1", ZoneHints: []string{"z1", "z2"}, NodeHints: []string{"n1"}},
+		{IP: addrs("10.244.0.1")[0], Port: 8080, Ready: true, Serving: true, NodeName: "n1", Zone: "z1", Hints: &Hints{Zones: []string{"z1", "z2"}, Nodes: []string{"n1"}}},
 		{IP: addrs("10.244.0.2")[0], Port: 8080},                                   // Serving nil follows Ready
 		{IP: addrs("10.244.0.3")[0], Port: 8080, Serving: true, Terminating: true}, // draining
 		{IP: addrs("10.244.0.4")[0], Port: 8080, Ready: true},                      // as given

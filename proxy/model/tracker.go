@@ -30,9 +30,9 @@ type Tracker struct {
 
 	snap    sync.Mutex // serialises Snapshot; guards the fields below
 	state   State
-	version uint64                           // of state; 0 before the first snapshot
-	ports   map[key]map[ServicePortName]bool // by Service key, in state
-	errs    map[key][]ObjectError            // by Service key, as built
+	version uint64                    // of state; 0 before the first snapshot
+	ports   map[key][]ServicePortName // by Service key, in state (a slice: a map per Service costs ~1 KiB)
+	errs    map[key][]ObjectError     // by Service key, as built
 }
 
 // versions numbers snapshots across all trackers, so that a consumer fed
@@ -45,7 +45,7 @@ func NewTracker() *Tracker {
 		x:     newIndex(),
 		dirty: map[key]struct{}{},
 		state: State{Ports: map[ServicePortName]*ServicePort{}, Endpoints: map[ServicePortName][]Endpoint{}},
-		ports: map[key]map[ServicePortName]bool{},
+		ports: map[key][]ServicePortName{},
 		errs:  map[key][]ObjectError{},
 	}
 }
@@ -133,9 +133,9 @@ func (t *Tracker) apply(k key, b built, changed map[ServicePortName]Prior) {
 			changed[name] = Prior{Port: st.Ports[name], Endpoints: st.Endpoints[name]}
 		}
 	}
-	now := make(map[ServicePortName]bool, len(b.ports))
+	now := make([]ServicePortName, 0, len(b.ports))
 	for _, sp := range b.ports {
-		now[sp.Name] = true
+		now = append(now, sp.Name)
 		eps := b.endpoints[sp.Name]
 		// Equal objects stay: consumers find them unchanged by identity.
 		if old, ok := st.Ports[sp.Name]; ok && old.Equal(sp) {
@@ -148,8 +148,8 @@ func (t *Tracker) apply(k key, b built, changed map[ServicePortName]Prior) {
 		st.Ports[sp.Name] = sp
 		st.Endpoints[sp.Name] = eps
 	}
-	for name := range t.ports[k] {
-		if !now[name] {
+	for _, name := range t.ports[k] {
+		if !slices.Contains(now, name) {
 			was(name)
 			delete(st.Ports, name)
 			delete(st.Endpoints, name)

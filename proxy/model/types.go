@@ -70,8 +70,32 @@ type Endpoint struct {
 	Ready, Serving, Terminating bool
 	NodeName                    string
 	Zone                        string
-	ZoneHints                   []string // hints.forZones
-	NodeHints                   []string // hints.forNodes
+	// Hints are the endpoint's topology hints; nil when it has none.
+	Hints *Hints
+}
+
+// Hints are an endpoint's topology hints. Endpoint holds them by pointer:
+// most endpoints have none, and at a million endpoints two slice headers
+// each would be 48 MB.
+type Hints struct {
+	Zones []string // hints.forZones
+	Nodes []string // hints.forNodes
+}
+
+// ForZones is e's hints.forZones.
+func (e Endpoint) ForZones() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Zones
+}
+
+// ForNodes is e's hints.forNodes.
+func (e Endpoint) ForNodes() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Nodes
 }
 
 func (e Endpoint) String() string {

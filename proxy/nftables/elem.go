@@ -3,7 +3,9 @@ package nftables
 import (
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -196,3 +198,46 @@ func (s *Set) valueParts(v packedValue) []string {
 
 // keyString is an element's key as nft prints it.
 func (s *Set) keyString(k packed) string { return strings.Join(s.keyParts(k), " . ") }
+
+// elemList is a list of elements as a port's output keeps them, back to
+// back in one buffer: for each, the index of its set in sets, the lengths
+// of its key and value, then their bytes. An IPv4 load-balancing element
+// takes 23 bytes there, where an elem takes 88: at 100k Services × 2 ports
+// × 10 endpoints that is 55 MB held instead of 210.
+type elemList struct {
+	sets []string // a port's frontend uses a few sets
+	buf  []byte
+}
+
+// grow makes room for n more elements of about an IPv4 list's size.
+func (l *elemList) grow(n int) { l.buf = slices.Grow(l.buf, 24*n) }
+
+func (l *elemList) add(e elem) {
+	i := slices.Index(l.sets, e.set)
+	if i < 0 {
+		if l.sets == nil {
+			l.sets = make([]string, 0, 4) // a list, the verdict set, affinity, the kind of frontend
+		}
+		i = len(l.sets)
+		l.sets = append(l.sets, e.set)
+	}
+	l.buf = append(l.buf, uint8(i), e.key.n, e.value.n)
+	l.buf = append(append(l.buf, e.key.bytes()...), e.value.bytes()...)
+}
+
+// all yields the elements in the order they were added.
+func (l *elemList) all() iter.Seq[elem] {
+	return func(yield func(elem) bool) {
+		for b := l.buf; len(b) > 0; {
+			k, v := 3+int(b[1]), 3+int(b[1])+int(b[2])
+			e := elem{set: l.sets[b[0]]}
+			e.key.n, e.value.n = b[1], b[2]
+			copy(e.key.b[:], b[3:k])
+			copy(e.value.b[:], b[k:v])
+			b = b[v:]
+			if !yield(e) {
+				return
+			}
+		}
+	}
+}

@@ -37,7 +37,7 @@ type elem struct {
 
 // frontendOut is what one service port wants for one of its frontends.
 type frontendOut struct {
-	elems []elem
+	elems elemList
 	// backends are the addresses (ip . port) the frontend's lists DNAT to:
 	// the affinity entries still valid for it (kept only with affinity).
 	backends map[packedValue]bool
@@ -54,7 +54,7 @@ type portOut struct {
 	// has a few: a slice is cheaper than a map for 100k ports).
 	order   []frontend
 	outs    []*frontendOut
-	hairpin []elem
+	hairpin elemList
 	// spSeen and epsSeen: the Renderer's last Update that found this
 	// port's ServicePort, and its endpoint list, unchanged.
 	spSeen, epsSeen uint64
@@ -98,12 +98,12 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 	names := familySets[fam]
 	list := func(w *frontendOut, fe frontend, cluster bool, l []model.Endpoint) {
 		set := lbMap(cluster, fam, len(l))
-		w.elems = slices.Grow(w.elems, len(l)+2) // the list, the verdict set and affinity
+		w.elems.grow(len(l) + 2) // the list, the verdict set and affinity
 		var buf [44]byte
 		for i, e := range l {
 			key := toPacked(appendInt(fe.appendTo(buf[:0]), uint32(i)))
 			val := toValue(appendPort(appendAddr(buf[:0], e.IP), e.Port))
-			w.elems = append(w.elems, elem{set: set, key: key, value: val})
+			w.elems.add(elem{set: set, key: key, value: val})
 			if sp.AffinitySeconds > 0 { // only affinity entries are checked against backends
 				if w.backends == nil {
 					w.backends = map[packedValue]bool{}
@@ -112,7 +112,7 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 			}
 			if (e.NodeName == "" || e.NodeName == cfg.NodeName) && !seenHairpin[e.IP] {
 				seenHairpin[e.IP] = true
-				o.hairpin = append(o.hairpin, elem{set: names.hairpin, key: toPacked(appendAddr(appendAddr(buf[:0], e.IP), e.IP))})
+				o.hairpin.add(elem{set: names.hairpin, key: toPacked(appendAddr(appendAddr(buf[:0], e.IP), e.IP))})
 			}
 		}
 	}
@@ -121,13 +121,13 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		case len(served) > 0:
 			list(w, fe, false, served)
 		case sel.HasAny: // endpoints exist, none usable from this node (Local policy)
-			w.elems = append(w.elems, elem{set: names.drop, key: fe.key()})
+			w.elems.add(elem{set: names.drop, key: fe.key()})
 		default:
-			w.elems = append(w.elems, elem{set: names.reject, key: fe.key()})
+			w.elems.add(elem{set: names.reject, key: fe.key()})
 		}
 		if sp.AffinitySeconds > 0 {
 			w.affinity = sp.AffinitySeconds
-			w.elems = append(w.elems, elem{set: affinitySet(fam, sp.AffinitySeconds), key: fe.key()})
+			w.elems.add(elem{set: affinitySet(fam, sp.AffinitySeconds), key: fe.key()})
 		}
 	}
 	served := false
@@ -138,7 +138,7 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		served = true
 		fe := frontend{ip, sp.Protocol, sp.Port}
 		if w := o.frontend(fe); w != nil {
-			w.elems = append(w.elems, elem{set: names.clusterip, key: fe.key()})
+			w.elems.add(elem{set: names.clusterip, key: fe.key()})
 			common(w, fe, sel.Internal)
 		}
 	}
@@ -162,21 +162,21 @@ func (o *portOut) renderFamily(cfg Config, fam int, all []model.Endpoint, seenHa
 		}
 		key := x.fe.key()
 		if sp.ExternalPolicyLocal {
-			w.elems = append(w.elems, elem{set: names.externalLocal, key: key})
+			w.elems.add(elem{set: names.externalLocal, key: key})
 			if len(cluster) > 0 {
 				list(w, x.fe, true, cluster)
 			}
 		} else {
-			w.elems = append(w.elems, elem{set: names.external, key: key})
+			w.elems.add(elem{set: names.external, key: key})
 		}
 		if x.lb && restricted {
-			w.elems = append(w.elems, elem{set: names.firewall, key: key})
+			w.elems.add(elem{set: names.firewall, key: key})
 			var buf [44]byte
 			for i, src := range sp.SourceRanges {
 				// a range listed twice (masked, "10.0.0.0/8" and "10.1.0.0/8"
 				// are) is one element
 				if familyOf(src.Addr()) == fam && !slices.Contains(sp.SourceRanges[:i], src) {
-					w.elems = append(w.elems, elem{set: names.firewallAllow, key: toPacked(appendPrefix(x.fe.appendTo(buf[:0]), src))})
+					w.elems.add(elem{set: names.firewallAllow, key: toPacked(appendPrefix(x.fe.appendTo(buf[:0]), src))})
 				}
 			}
 		}

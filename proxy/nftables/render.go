@@ -233,7 +233,7 @@ func (r *Renderer) claim(o *portOut, dirty map[frontend]bool) {
 		}
 		dirty[fe] = true
 	}
-	for _, h := range o.hairpin {
+	for h := range o.hairpin.all() {
 		k := setKey{h.set, h.key}
 		if r.hairpin[k]++; r.hairpin[k] == 1 {
 			r.put(h)
@@ -250,7 +250,7 @@ func (r *Renderer) release(o *portOut, dirty map[frontend]bool) {
 		}
 		dirty[fe] = true
 	}
-	for _, h := range o.hairpin {
+	for h := range o.hairpin.all() {
 		k := setKey{h.set, h.key}
 		if r.hairpin[k]--; r.hairpin[k] == 0 {
 			delete(r.hairpin, k)
@@ -275,7 +275,7 @@ func (r *Renderer) resolve(fe frontend) {
 	var was, now *frontendOut
 	if prev != nil {
 		was = prev.out(fe)
-		for _, e := range was.elems {
+		for e := range was.elems.all() {
 			r.remove(e)
 		}
 	}
@@ -285,7 +285,7 @@ func (r *Renderer) resolve(fe frontend) {
 	if owner != nil {
 		now = owner.out(fe)
 		r.winner[fe] = owner
-		for _, e := range now.elems {
+		for e := range now.elems.all() {
 			r.put(e)
 		}
 		if now.affinity > 0 {
@@ -340,7 +340,7 @@ func (r *Renderer) each(set string, f func(packed, packedValue)) {
 		r.members = map[string][]*frontendOut{}
 		for fe, o := range r.winner {
 			w := o.out(fe)
-			for _, e := range w.elems {
+			for e := range w.elems.all() {
 				if l := r.members[e.set]; len(l) == 0 || l[len(l)-1] != w {
 					r.members[e.set] = append(l, w)
 				}
@@ -348,7 +348,7 @@ func (r *Renderer) each(set string, f func(packed, packedValue)) {
 		}
 	}
 	for _, w := range r.members[set] {
-		for _, e := range w.elems {
+		for e := range w.elems.all() {
 			if e.set == set {
 				f(e.key, e.value)
 			}

@@ -119,3 +119,40 @@ func TestElementsCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestElemList: elements come back as they were added, in order, each
+// with its set, key and value, whatever their lengths.
+func TestElemList(t *testing.T) {
+	var buf [44]byte
+	v4, v6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")
+	want := []elem{
+		{set: "lb4-2", key: toPacked(appendInt(frontend{v4, model.TCP, 80}.appendTo(buf[:0]), 1)), value: toValue(appendPort(appendAddr(buf[:0], v4), 8080))},
+		{set: "clusterip4", key: frontend{v4, model.TCP, 80}.key()},
+		{set: "lb6-2", key: toPacked(appendInt(frontend{v6, model.UDP, 53}.appendTo(buf[:0]), 0)), value: toValue(appendPort(appendAddr(buf[:0], v6), 5353))},
+		{set: "lb4-2", key: toPacked(appendInt(frontend{v4, model.TCP, 80}.appendTo(buf[:0]), 0)), value: toValue(appendPort(appendAddr(buf[:0], v4), 8081))},
+		{set: "firewall-allow6", key: toPacked(appendPrefix(frontend{v6, model.TCP, 443}.appendTo(buf[:0]), netip.MustParsePrefix("fd00::/64")))},
+	}
+	var l elemList
+	l.grow(2)
+	for _, e := range want {
+		l.add(e)
+	}
+	var got []elem
+	for e := range l.all() {
+		got = append(got, e)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d elements, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("element %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if len(l.sets) != 4 {
+		t.Errorf("sets %v: want each set once", l.sets)
+	}
+	for range l.all() {
+		break // a consumer may stop early
+	}
+}
