@@ -9,12 +9,11 @@ import (
 	"github.com/weftnet/weft/lab"
 )
 
-// TestDeployDryRun: the API server accepts every kustomization in deploy/
+// deployDryRun: the API server accepts every kustomization in deploy/
 // (base and overlays) as it stands, with strict field validation: what
 // `kubectl apply -k` would create is valid against the real schemas and
 // admission.
-func TestDeployDryRun(t *testing.T) {
-	c := up(t, 1, "hostgw")
+func deployDryRun(t *testing.T, c *cluster) {
 	bin := binDir(t)
 	root := filepath.Dir(bin)
 	for _, dir := range []string{"deploy", "deploy/overlays/cni-only", "deploy/overlays/ebpf", "deploy/overlays/nftables", "deploy/overlays/bgp"} {

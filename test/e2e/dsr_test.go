@@ -14,8 +14,8 @@ import (
 	"github.com/weftnet/weft/lab"
 )
 
-// TestEBPFDirectServerReturn: an eBPF lab over VXLAN, its agents switched
-// to --bpf-lb-mode dsr through their ConfigMap. A NodePort (eTP Cluster)
+// directServerReturn, on TestServices' eBPF lab (over VXLAN): its agents
+// switched to --bpf-lb-mode dsr through their ConfigMap. A NodePort (eTP Cluster)
 // whose one endpoint runs on node2, reached from outside on node1: the pod
 // sees the outside client's own address (node1 does not masquerade; the
 // SYN carries the NodePort to node2 in weft's IP option, through the
@@ -23,8 +23,7 @@ import (
 // same NodePort on node2 itself (a local endpoint) is masqueraded as in
 // snat mode. weftctl check then passes in dsr mode (three nodes: its
 // probes between nodes need them).
-func TestEBPFDirectServerReturn(t *testing.T) {
-	c := upOptions(t, lab.Options{Nodes: 3, Routing: "vxlan", ProxyMode: "ebpf"})
+func directServerReturn(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	if err := c.state.Reinstall(ctx, "bpf-lb-mode=dsr"); err != nil {
 		t.Fatal(err)

@@ -477,9 +477,16 @@ func waitRunning(t *testing.T, c *cluster, ns, name string) *corev1.Pod {
 	}
 }
 
-// TestAgentRBAC: the agent's identity can do its job and nothing more.
-func TestAgentRBAC(t *testing.T) {
+// TestOneNode runs, on one 1-node lab, what needs an API server and a
+// node but not traffic between nodes (a lab up and down costs about 40 s).
+func TestOneNode(t *testing.T) {
 	c := up(t, 1, "hostgw")
+	t.Run("AgentRBAC", func(t *testing.T) { agentRBAC(t, c) })
+	t.Run("DeployDryRun", func(t *testing.T) { deployDryRun(t, c) })
+}
+
+// agentRBAC: the agent's identity can do its job and nothing more.
+func agentRBAC(t *testing.T, c *cluster) {
 	a, err := lab.Client(filepath.Join(c.dir, "node1-agent.kubeconfig"))
 	if err != nil {
 		t.Fatal(err)

@@ -84,7 +84,8 @@ func (c *cluster) waitEndpoints(t *testing.T, svc string, ready int) {
 // readiness flip, a Service without endpoints, a scheduled Deployment
 // behind a Service, and weftctl check. The nftables lab runs the whole
 // nftables data plane (deploy/overlays/nftables): NetworkPolicy and the
-// agent's rules too, so it also runs NetworkPolicy scenarios.
+// agent's rules too, so it also runs NetworkPolicy scenarios. The eBPF
+// lab routes over VXLAN and then switches to direct server return.
 func TestServices(t *testing.T) {
 	for _, mode := range lab.ProxyModes {
 		t.Run(mode, func(t *testing.T) {
@@ -98,6 +99,9 @@ func TestServices(t *testing.T) {
 				// The nftables data plane by its own flag (weftctl lab up
 				// --dataplane nftables): the proxy mode follows.
 				o = lab.Options{Nodes: 3, Routing: "hostgw", Dataplane: "nftables"}
+			}
+			if mode == "ebpf" {
+				o.Routing = "vxlan" // DSR's option crosses the tunnel
 			}
 			c := upOptions(t, o)
 			if stray != nil {
@@ -114,6 +118,9 @@ func TestServices(t *testing.T) {
 			if mode == "nftables" {
 				nftablesDataplane(t, c)
 				clusterNetworkPolicy(t, networkPolicy(t, c, 10), 5)
+			}
+			if mode == "ebpf" {
+				directServerReturn(t, c)
 			}
 		})
 	}
