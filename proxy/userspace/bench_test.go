@@ -4,7 +4,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -35,7 +34,7 @@ func BenchmarkDataPath(b *testing.B) {
 	if !netnsutil.Isolated() {
 		b.Skip("needs root (a private network namespace)")
 	}
-	server := benchServer(b)
+	server := proxytest.BenchPod(b, "", "usbench-pod", "usbench0")
 	nodeIP := netip.MustParseAddr("10.244.1.1")
 	build := func(c proxy.Config, st model.State) proxy.Backend {
 		c.NodeName, c.NodeIPs, c.ClusterCIDRs = proxytest.NodeName, []netip.Addr{nodeIP}, []netip.Prefix{netip.MustParsePrefix(proxytest.Cluster)}
@@ -72,14 +71,14 @@ func BenchmarkDataPath(b *testing.B) {
 	// target's rate over the direct one's.
 	for _, tg := range targets {
 		b.Run("conn/"+tg.name, func(b *testing.B) {
-			oneConn(b, tg.addr) // warm: the proxy programmed, caches filled
-			oneConn(b, direct)
+			proxytest.OneConn(b, tg.addr) // warm: the proxy programmed, caches filled
+			proxytest.OneConn(b, direct)
 			var dt, dd time.Duration
 			for b.Loop() {
 				t0 := time.Now()
-				oneConn(b, direct)
+				proxytest.OneConn(b, direct)
 				t1 := time.Now()
-				oneConn(b, tg.addr)
+				proxytest.OneConn(b, tg.addr)
 				dd, dt = dd+t1.Sub(t0), dt+time.Since(t1)
 			}
 			report(b, "conn/s", float64(b.N), dt, dd)
@@ -96,7 +95,7 @@ func BenchmarkDataPath(b *testing.B) {
 				to.round(b)
 				dd, dt = dd+t1.Sub(t0), dt+time.Since(t1)
 			}
-			report(b, "MB/s", float64(b.N)*roundBytes/1e6, dt, dd)
+			report(b, "MB/s", float64(b.N)*proxytest.BenchRoundBytes/1e6, dt, dd)
 		})
 	}
 }
@@ -109,69 +108,6 @@ func report(b *testing.B, unit string, n float64, dt, dd time.Duration) {
 	b.ReportMetric(dd.Seconds()/dt.Seconds(), "x-direct")
 }
 
-// benchServer starts the server pod: a namespace on a veth from the node
-// (10.244.1.1), holding 10.244.1.2, whose server answers a connection's
-// first byte with one byte, and on a connection that opens with 'T'
-// answers every roundBytes received with one byte.
-func benchServer(b *testing.B) netip.AddrPort {
-	b.Helper()
-	path, err := netnsutil.NewNamed("usbench-pod")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = netnsutil.Delete("usbench-pod") })
-	for _, args := range [][]string{
-		{"link", "add", "usbench0", "type", "veth", "peer", "name", "eth0", "netns", path},
-		{"addr", "add", "10.244.1.1/24", "dev", "usbench0"},
-		{"link", "set", "usbench0", "up"},
-		{"route", "add", proxytest.SvcCIDR, "dev", "usbench0"},
-		{"-n", "usbench-pod", "addr", "add", "10.244.1.2/24", "dev", "eth0"},
-		{"-n", "usbench-pod", "link", "set", "eth0", "up"},
-		{"-n", "usbench-pod", "route", "add", "default", "via", "10.244.1.1"},
-	} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			b.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	b.Cleanup(func() { _ = exec.Command("ip", "link", "del", "usbench0").Run() })
-	var ln net.Listener
-	if err := netnsutil.Do(path, func() (err error) { ln, err = net.Listen("tcp4", "10.244.1.2:80"); return err }); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go serveBench(c)
-		}
-	}()
-	return netip.MustParseAddrPort("10.244.1.2:80")
-}
-
-func serveBench(c net.Conn) {
-	defer c.Close()
-	first := make([]byte, 1)
-	if _, err := io.ReadFull(c, first); err != nil {
-		return
-	}
-	if first[0] != 'T' {
-		_, _ = c.Write(first)
-		_, _ = io.Copy(io.Discard, c)
-		return
-	}
-	for {
-		if _, err := io.CopyN(io.Discard, c, roundBytes); err != nil {
-			return
-		}
-		if _, err := c.Write(first); err != nil {
-			return
-		}
-	}
-}
-
 // benchState is one Service on the server pod.
 func benchState(b *testing.B, name, clusterIP string, server netip.AddrPort) model.State {
 	b.Helper()
@@ -182,28 +118,6 @@ func benchState(b *testing.B, name, clusterIP string, server netip.AddrPort) mod
 	}
 	return st
 }
-
-// oneConn is one connection: connect, a byte each way, close with a reset.
-func oneConn(b *testing.B, addr string) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tc := c.(*net.TCPConn)
-	buf := []byte{'c'}
-	if _, err := tc.Write(buf); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := io.ReadFull(tc, buf); err != nil {
-		b.Fatalf("%s: %v", addr, err)
-	}
-	_ = tc.SetLinger(0)
-	_ = tc.Close()
-}
-
-// roundBytes is one round of the throughput measure: written in blocks
-// of 64 KiB, acknowledged by the server with one byte.
-const roundBytes = 4 << 20
 
 // stream is a connection for the throughput measure.
 type stream struct {
@@ -225,9 +139,10 @@ func streamTo(b *testing.B, addr string) *stream {
 	return &stream{c: tc, data: make([]byte, 64<<10)}
 }
 
-// round sends roundBytes and waits for the server to have them all.
+// round sends proxytest.BenchRoundBytes and waits for the server to have
+// them all.
 func (s *stream) round(b *testing.B) {
-	for sent := 0; sent < roundBytes; sent += len(s.data) {
+	for sent := 0; sent < proxytest.BenchRoundBytes; sent += len(s.data) {
 		if _, err := s.c.Write(s.data); err != nil {
 			b.Fatal(err)
 		}
