@@ -58,19 +58,20 @@ type connRateNode struct {
 // has its own node namespace, server pod and backend, programmed once;
 // before any timing the real Service must answer from the size's pod
 // through the ClusterIP and the last bench Service be in the kernel.
-// One op is a round: WEFT_CONNRATE_CONNS connections (default 2000) to
-// each size in turn, the order reversed every other round, so the load
-// of a shared machine falls on every size alike. It reports the rate at
-// each size (conn/s-N) and, for every size after the first, the ratio of
-// its rate to the first size's over all rounds (x-N) and the lowest and
-// highest ratio of one round (x-N-min, x-N-max). A connection is
-// OneConn's. Run it with -benchtime Kx for K rounds.
+// One op is a round: WEFT_CONNRATE_CONNS connections (default 200) to
+// each size in turn, the order reversed every other round: short rounds,
+// so that the bursts of load of a shared machine fall on every size
+// alike. It reports the rate at each size over all rounds (conn/s-N) and,
+// for every size after the first, the ratio of its rate to the first
+// size's over all rounds (x-N) and the quartiles of the ratio of one round
+// (x-N-p25, x-N-median, x-N-p75). A connection is OneConn's. Run it for a
+// time (-benchtime 20s) or a number of rounds (-benchtime 100x).
 func BenchConnRate(b *testing.B, be ConnRateBackend) {
 	if !netnsutil.Isolated() {
 		b.Skip("needs root (private network namespaces)")
 	}
 	sizes := envInts(b, "WEFT_CONNRATE_SERVICES", []int{1000, 100000})
-	conns := envInts(b, "WEFT_CONNRATE_CONNS", []int{2000})[0]
+	conns := envInts(b, "WEFT_CONNRATE_CONNS", []int{200})[0]
 	nodes := make([]*connRateNode, len(sizes))
 	for i, n := range sizes {
 		nodes[i] = newConnRateNode(b, be, i, n)
@@ -123,10 +124,14 @@ func BenchConnRate(b *testing.B, be ConnRateBackend) {
 			continue
 		}
 		b.ReportMetric(dur[0].Seconds()/dur[i].Seconds(), fmt.Sprintf("x-%d", nd.n))
-		b.ReportMetric(slices.Min(ratios[i]), fmt.Sprintf("x-%d-min", nd.n))
-		b.ReportMetric(slices.Max(ratios[i]), fmt.Sprintf("x-%d-max", nd.n))
-		b.Logf("%s: %d Services %.0f conn/s, %d Services %.0f conn/s; ratio %.3f (rounds %s)", be.Mode,
-			nodes[0].n, float64(conns*round)/dur[0].Seconds(), nd.n, rate, dur[0].Seconds()/dur[i].Seconds(), fmtRatios(ratios[i]))
+		r := slices.Sorted(slices.Values(ratios[i]))
+		q := func(f float64) float64 { return r[int(f*float64(len(r)-1)+0.5)] }
+		b.ReportMetric(q(0.25), fmt.Sprintf("x-%d-p25", nd.n))
+		b.ReportMetric(q(0.5), fmt.Sprintf("x-%d-median", nd.n))
+		b.ReportMetric(q(0.75), fmt.Sprintf("x-%d-p75", nd.n))
+		b.Logf("%s: %d Services %.0f conn/s, %d Services %.0f conn/s; ratio %.3f, by round (%d rounds of %d connections each) min %.3f p25 %.3f median %.3f p75 %.3f max %.3f",
+			be.Mode, nodes[0].n, float64(conns*round)/dur[0].Seconds(), nd.n, rate, dur[0].Seconds()/dur[i].Seconds(), round, conns,
+			r[0], q(0.25), q(0.5), q(0.75), r[len(r)-1])
 	}
 }
 
@@ -226,12 +231,4 @@ func envInts(b *testing.B, name string, def []int) []int {
 		out = append(out, n)
 	}
 	return out
-}
-
-func fmtRatios(r []float64) string {
-	s := make([]string, len(r))
-	for i, x := range r {
-		s[i] = strconv.FormatFloat(x, 'f', 3, 64)
-	}
-	return strings.Join(s, " ")
 }
