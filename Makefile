@@ -166,6 +166,10 @@ bench: deps build kube image node coredns
 	for n in 10000 100000; do WEFT_EBPF_SERVICES=$$n $(GO) test -run 'TestManyServices$$' -count=1 -v -timeout 20m ./proxy/ebpf || exit 1; done
 	# The userspace proxy: connections per second and throughput through it (redirected and rootless) and through the nftables backend, each against a direct dial in the same run.
 	$(GO) test -run '^$$' -bench DataPath -benchtime 3s ./proxy/userspace
+	# ClusterIP connection rate from the node through the nftables backend at 1k and 100k Services (2 ports x 10 endpoints each), the sizes interleaved in short rounds: the rates and the ratio 100k/1k (issue 27: >= 0.95).
+	$(GO) test -run '^$$' -bench ClusterIPConnRate -benchtime 30s -timeout 20m ./proxy/nftables
+	# The same through the eBPF backend's socket programs (connect-time translation, each size on its own cgroup).
+	$(GO) test -run '^$$' -bench ClusterIPConnRate -benchtime 30s -timeout 20m ./proxy/ebpf
 	# Encryption between nodes: pod-to-pod TCP throughput (64 MiB per op) and connection rate across two nodes over plain host-gw, plain VXLAN and WireGuard (userspace; the kernel's where the kernel has it), each against host-gw in the same ops.
 	$(GO) test -run '^$$' -bench PodToPod -benchtime 20x ./routing/wireguard
 	# The same with the kernel's WireGuard, in the VM on Debian's kernel (emulated: the ratios only).

@@ -158,6 +158,11 @@ func newConnRateNode(b *testing.B, be ConnRateBackend, i, n int) *connRateNode {
 		}
 	}
 	server := BenchPod(b, node, nd.pod, "crpod0")
+	// Every ClusterIP routed (BenchObjects' go past SvcCIDR): a backend's
+	// check may connect to any of them.
+	if out, err := exec.Command("ip", "-n", node, "route", "add", "default", "dev", "crpod0").CombinedOutput(); err != nil {
+		b.Fatalf("ip route: %v: %s", err, out)
+	}
 	svcs, sl := BenchObjects(n)
 	real := Service("connrate", ConnRateIP, nil)
 	realEPs := Slice("connrate", Endpoint{IP: server.Addr().String(), Node: NodeName})
