@@ -58,7 +58,7 @@ type connRateNode struct {
 // has its own node namespace, server pod and backend, programmed once;
 // before any timing the real Service must answer from the size's pod
 // through the ClusterIP and the last bench Service be in the kernel.
-// One op is a round: WEFT_CONNRATE_CONNS connections (default 200) to
+// One op is a round: WEFT_CONNRATE_CONNS connections (default 20) to
 // each size in turn, the order reversed every other round: short rounds,
 // so that the bursts of load of a shared machine fall on every size
 // alike. It reports the rate at each size over all rounds (conn/s-N) and,
@@ -71,7 +71,7 @@ func BenchConnRate(b *testing.B, be ConnRateBackend) {
 		b.Skip("needs root (private network namespaces)")
 	}
 	sizes := envInts(b, "WEFT_CONNRATE_SERVICES", []int{1000, 100000})
-	conns := envInts(b, "WEFT_CONNRATE_CONNS", []int{200})[0]
+	conns := envInts(b, "WEFT_CONNRATE_CONNS", []int{20})[0]
 	nodes := make([]*connRateNode, len(sizes))
 	for i, n := range sizes {
 		nodes[i] = newConnRateNode(b, be, i, n)
