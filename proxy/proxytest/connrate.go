@@ -136,8 +136,8 @@ func BenchConnRate(b *testing.B, be ConnRateBackend) {
 }
 
 // newConnRateNode makes size i: its node namespace (an uplink holding
-// NodeIP, a veth to nowhere; the veth to its server pod), the backend programmed with n bench
-// Services and the real one, checked.
+// NodeIP, a veth to nowhere; the veth to its server pod), the backend
+// programmed with n bench Services and the real one, checked.
 func newConnRateNode(b *testing.B, be ConnRateBackend, i, n int) *connRateNode {
 	b.Helper()
 	nd := &connRateNode{n: n, pod: fmt.Sprintf("connrate-pod-%d", i)}
