@@ -27,16 +27,18 @@ import (
 type applyPlan struct {
 	// need is what each map holds at most meanwhile, by name.
 	need map[string]int
-	// freed are the backends the removals leave unused and no frontend
-	// written names, deleted before new ones are added.
-	freed map[uint32]bool
+	// freed are the backends (indices) the removals leave unused and no
+	// frontend written names, deleted before new ones are added.
+	freed []uint32
 }
 
-// plan counts what apply(want, keys) needs (see above).
+// plan counts what apply(want, keys) needs (see above). It gives the
+// backends the frontends name and the writer lacks an index (pending,
+// for addBackends; apply forgets them if it writes nothing).
 func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPlan {
 	services, members, ranges, tables := w.tally.services, w.tally.members, w.tally.ranges, w.tally.maglev
 	// The removals.
-	drop := map[uint32]int{}
+	var dropped []uint32
 	for _, k := range keys {
 		cur := w.fronts[k]
 		if _, ok := want[k]; ok || cur == nil {
@@ -50,36 +52,27 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		if k.External && len(cur.backends) > 0 {
 			tables--
 		}
-		for _, id := range cur.backends {
-			drop[id]++
+		for _, i := range cur.backends {
+			w.backs[i].drop++
+			dropped = append(dropped, i)
 		}
 	}
 	// The backends unused once the removals are done: candidates, unless
 	// a frontend written names them.
-	unused := map[netip.AddrPort]uint32{}
-	candidate := func(id uint32) {
-		if ap, ok := w.backendAddr[id]; ok && w.refs[id]-drop[id] <= 0 {
-			unused[ap] = id
+	var cands []uint32
+	candidate := func(i uint32) {
+		if b := &w.backs[i]; b.id != 0 && !b.cand && b.refs-b.drop <= 0 {
+			b.cand = true
+			cands = append(cands, i)
 		}
 	}
-	for id := range w.unused {
-		candidate(id)
+	for _, i := range w.unused {
+		candidate(i)
 	}
-	for id := range drop {
-		candidate(id)
+	for _, i := range dropped {
+		candidate(i)
 	}
 	// The frontends written.
-	var added map[netip.AddrPort]bool
-	if len(w.backendID) == 0 {
-		// A first fill: nearly every backend is new.
-		n := 0
-		for _, k := range keys {
-			n += len(want[k].Backends)
-		}
-		added = make(map[netip.AddrPort]bool, n)
-	} else {
-		added = map[netip.AddrPort]bool{}
-	}
 	for _, k := range keys {
 		f, ok := want[k]
 		if !ok || len(f.Backends) >= slotHalf {
@@ -87,10 +80,16 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		}
 		cur := w.fronts[k]
 		n := len(f.Backends)
-		for _, ap := range f.Backends {
-			delete(unused, ap)
-			if _, ok := w.backendID[ap]; !ok {
-				added[ap] = true
+		for j, ap := range f.Backends {
+			i, ok := w.byAddr[ap]
+			if !ok {
+				i = w.index(ap)
+				w.pending = append(w.pending, i)
+			}
+			b := &w.backs[i]
+			b.cand = false
+			if b.id == 0 && f.Remote != nil && f.Remote[j] {
+				b.remote = true // written so by addBackends
 			}
 		}
 		if cur != nil && w.unchanged(cur, f) {
@@ -113,12 +112,18 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 			tables++
 		}
 	}
-	freed := make(map[uint32]bool, len(unused))
-	for _, id := range unused {
-		freed[id] = true
+	var freed []uint32
+	for _, i := range cands {
+		if b := &w.backs[i]; b.cand {
+			b.cand = false
+			freed = append(freed, i)
+		}
+	}
+	for _, i := range dropped {
+		w.backs[i].drop = 0
 	}
 	return applyPlan{
-		need: map[string]int{"weft_services": services, "weft_backends": len(w.backendAddr) + len(w.retired) - len(freed) + len(added),
+		need: map[string]int{"weft_services": services, "weft_backends": w.live + len(w.retired) - len(freed) + len(w.pending),
 			"weft_affinity_members": members, "weft_src_ranges": ranges, "weft_maglev": tables},
 		freed: freed,
 	}
@@ -131,8 +136,8 @@ func (w *writer) unchanged(cur *frontendState, f Frontend) bool {
 		!slices.Equal(cur.ranges, f.SourceRanges) {
 		return false
 	}
-	for i, ap := range f.Backends {
-		if id, ok := w.backendID[ap]; !ok || id != cur.backends[i] {
+	for j, ap := range f.Backends {
+		if i, ok := w.byAddr[ap]; !ok || i != cur.backends[j] {
 			return false
 		}
 	}
@@ -151,7 +156,7 @@ func (w *writer) newMembers(cur *frontendState, backends []netip.AddrPort) int {
 	}
 	n := 0
 	for _, ap := range backends {
-		if id, ok := w.backendID[ap]; !ok || !has[id] {
+		if i, ok := w.byAddr[ap]; !ok || !has[i] {
 			n++
 		}
 	}
