@@ -14,6 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 )
@@ -21,9 +24,30 @@ import (
 // backendBatch bounds the entries written by one map update.
 const backendBatch = 4096
 
+// backendKey is a backend's address and port as the backends map holds
+// them (with no pointer, the garbage collector does not scan the
+// writer's tables of millions of them).
+type backendKey struct {
+	addr [4]uint32
+	port uint16 // network order
+}
+
+func keyOf(ap netip.AddrPort) backendKey { return backendKey{toWords(ap.Addr()), htons(ap.Port())} }
+
+// value is the backends map's value of k.
+func (k backendKey) value(flags uint16) sockBackend {
+	return sockBackend{Addr: k.addr, Port: k.port, Flags: flags}
+}
+
+func (k backendKey) addrPort() netip.AddrPort {
+	return netip.AddrPortFrom(fromWords(k.addr), ntohs(k.port))
+}
+
+func (k backendKey) String() string { return k.addrPort().String() }
+
 // backendState is what the writer knows of one backend.
 type backendState struct {
-	ap     netip.AddrPort
+	key    backendKey
 	id     uint32 // its key in the backends map; 0: a free index
 	refs   int32  // active lists naming it
 	remote bool   // written BACKEND_REMOTE
@@ -36,9 +60,9 @@ type backendState struct {
 // backendTable is the writer's backends.
 type backendTable struct {
 	backs  []backendState
-	free   []uint32                  // indices of backs to reuse
-	byAddr map[netip.AddrPort]uint32 // the index of each backend
-	live   int                       // backends written
+	free   []uint32              // indices of backs to reuse
+	byAddr map[backendKey]uint32 // the index of each backend
+	live   int                   // backends written
 	// unused lists the indices to check at the end of an apply: whose
 	// count fell to 0, or that were added (duplicates and indices reused
 	// since are harmless: a check looks at the backend there now).
@@ -50,25 +74,25 @@ type backendTable struct {
 	nextBackend uint32
 }
 
-// index returns a new index for ap, not yet written (id 0).
-func (t *backendTable) index(ap netip.AddrPort) uint32 {
+// index returns a new index for k, not yet written (id 0).
+func (t *backendTable) index(k backendKey) uint32 {
 	var i uint32
 	if n := len(t.free); n > 0 {
 		i, t.free = t.free[n-1], t.free[:n-1]
-		t.backs[i] = backendState{ap: ap}
+		t.backs[i] = backendState{key: k}
 	} else {
 		i = uint32(len(t.backs))
-		t.backs = append(t.backs, backendState{ap: ap})
+		t.backs = append(t.backs, backendState{key: k})
 	}
-	t.byAddr[ap] = i
+	t.byAddr[k] = i
 	return i
 }
 
 // release forgets index i.
 func (t *backendTable) release(i uint32) {
 	b := &t.backs[i]
-	if t.byAddr[b.ap] == i {
-		delete(t.byAddr, b.ap)
+	if t.byAddr[b.key] == i {
+		delete(t.byAddr, b.key)
 	}
 	if b.id != 0 {
 		t.live--
@@ -95,40 +119,85 @@ func (t *backendTable) ids(idx []uint32) []uint32 {
 }
 
 // addBackends writes the backends plan gave an index (pending), a batch
-// of them per update (a first sync writes one per endpoint of the
-// cluster). A backend no frontend names yet is unused until one does.
-// After a failed update the writer forgets the rest, which write then
-// writes each alone, an error naming the frontend of one that fails.
+// of them per update, the batches on every CPU (a first sync writes one
+// per endpoint of the cluster). A backend no frontend names yet is unused
+// until one does. The writer forgets those a failed update left, which
+// write then writes each alone, an error naming the frontend of one that
+// fails.
 func (w *writer) addBackends() {
-	todo := w.pending
+	todo, base := w.pending, w.nextBackend
 	w.pending = nil
-	ids := make([]uint32, min(len(todo), backendBatch))
-	vals := make([]sockBackend, len(ids))
-	for len(todo) > 0 {
-		n := min(len(todo), backendBatch)
-		for j, i := range todo[:n] {
-			b := &w.backs[i]
-			ids[j] = w.nextBackend + 1 + uint32(j)
-			vals[j] = sockBackend{Addr: toWords(b.ap.Addr()), Port: htons(b.ap.Port())}
-			if b.remote {
-				vals[j].Flags = backendRemote
+	res := writeBatches(evenBounds(len(todo)), func() func(from, to int) (int, error) {
+		ids := make([]uint32, min(len(todo), backendBatch))
+		vals := make([]sockBackend, len(ids))
+		return func(from, to int) (int, error) {
+			for j, i := range todo[from:to] {
+				b := &w.backs[i]
+				ids[j], vals[j] = base+1+uint32(from+j), b.key.value(0)
+				if b.remote {
+					vals[j].Flags = backendRemote
+				}
+			}
+			return w.backends.BatchUpdate(ids[:to-from], vals[:to-from], nil)
+		}
+	})
+	for _, r := range res {
+		for j := r.from; j < r.to; j++ {
+			if j < r.from+r.done {
+				w.added(todo[j], base+1+uint32(j))
+			} else {
+				w.release(todo[j])
 			}
 		}
-		done, err := w.backends.BatchUpdate(ids[:n], vals[:n], nil)
-		if err != nil {
-			done = min(max(done, 0), n)
-		}
-		for j, i := range todo[:done] {
-			w.added(i, ids[j])
-		}
-		if err != nil {
-			for _, i := range todo[done:] {
-				w.release(i)
-			}
-			return
-		}
-		todo = todo[n:]
 	}
+}
+
+// batchResult is what one update of writeBatches did: entries from..to,
+// of which the first done were written.
+type batchResult struct {
+	from, to, done int
+	err            error
+}
+
+// evenBounds are the bounds of n entries cut into batches of backendBatch.
+func evenBounds(n int) []int {
+	bounds := []int{0}
+	for from := 0; from < n; from += backendBatch {
+		bounds = append(bounds, min(from+backendBatch, n))
+	}
+	return bounds
+}
+
+// writeBatches makes the updates of the batches bounds[i]..bounds[i+1]
+// on every CPU (they are independent, and the kernel's hash maps lock per
+// bucket), each goroutine with the update function newUpdate gives it
+// (its own buffers), and returns their results in order.
+func writeBatches(bounds []int, newUpdate func() func(from, to int) (int, error)) []batchResult {
+	res := make([]batchResult, max(len(bounds)-1, 0))
+	var next atomic.Int64
+	work := func() {
+		update := newUpdate()
+		for b := int(next.Add(1)) - 1; b < len(res); b = int(next.Add(1)) - 1 {
+			r := batchResult{from: bounds[b], to: bounds[b+1]}
+			r.done, r.err = update(r.from, r.to)
+			if r.err == nil {
+				r.done = r.to - r.from
+			}
+			r.done = min(max(r.done, 0), r.to-r.from)
+			res[b] = r
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(res))
+	if workers <= 1 {
+		work()
+		return res
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(work)
+	}
+	wg.Wait()
+	return res
 }
 
 // dropPending forgets the backends plan gave an index and apply did not
@@ -142,14 +211,15 @@ func (w *writer) dropPending() {
 
 // backend returns the index of ap, writing a new backend entry if needed.
 func (w *writer) backend(ap netip.AddrPort) (uint32, error) {
-	if i, ok := w.byAddr[ap]; ok {
+	k := keyOf(ap)
+	if i, ok := w.byAddr[k]; ok {
 		return i, nil
 	}
 	id := w.nextBackend + 1
-	if err := w.backends.Update(id, sockBackend{Addr: toWords(ap.Addr()), Port: htons(ap.Port())}, ebpf.UpdateAny); err != nil {
+	if err := w.backends.Update(id, k.value(0), ebpf.UpdateAny); err != nil {
 		return 0, fmt.Errorf("writing backend %s: %w", ap, err)
 	}
-	i := w.index(ap)
+	i := w.index(k)
 	w.added(i, id)
 	return i, nil
 }
@@ -165,12 +235,12 @@ func (w *writer) setRemote(i uint32, f Frontend, j int) error {
 	if f.Remote == nil || f.Remote[j] == b.remote {
 		return nil
 	}
-	v := sockBackend{Addr: toWords(b.ap.Addr()), Port: htons(b.ap.Port())}
+	v := b.key.value(0)
 	if f.Remote[j] {
 		v.Flags = backendRemote
 	}
 	if err := w.backends.Update(b.id, v, ebpf.UpdateExist); err != nil {
-		return fmt.Errorf("writing backend %s: %w", b.ap, err)
+		return fmt.Errorf("writing backend %s: %w", b.key, err)
 	}
 	b.remote = f.Remote[j]
 	return nil
@@ -221,7 +291,7 @@ func (w *writer) retire() error {
 			continue
 		}
 		idx, keys = append(idx, i), append(keys, b.id)
-		vals = append(vals, sockBackend{Addr: toWords(b.ap.Addr()), Port: htons(b.ap.Port()), Flags: backendGone})
+		vals = append(vals, b.key.value(backendGone))
 	}
 	var errs []error
 	for len(keys) > 0 {
@@ -236,7 +306,7 @@ func (w *writer) retire() error {
 			if j >= done {
 				if err := w.backends.Update(keys[j], vals[j], ebpf.UpdateAny); err != nil {
 					if err := w.backends.Delete(keys[j]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-						errs = append(errs, fmt.Errorf("retiring backend %s: %w", w.backs[idx[j]].ap, err))
+						errs = append(errs, fmt.Errorf("retiring backend %s: %w", w.backs[idx[j]].key, err))
 						left = append(left, idx[j])
 						continue
 					}
@@ -287,7 +357,7 @@ func (w *writer) collect(freed []uint32) error {
 			continue
 		}
 		if err := w.backends.Delete(b.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("deleting backend %s: %w", b.ap, err))
+			errs = append(errs, fmt.Errorf("deleting backend %s: %w", b.key, err))
 			continue
 		}
 		w.forget(i)

@@ -73,6 +73,16 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		candidate(i)
 	}
 	// The frontends written.
+	if len(w.byAddr) == 0 {
+		// A first fill: nearly every backend is new. The table gets its
+		// size at once rather than by doubling.
+		n := 0
+		for _, k := range keys {
+			n += len(want[k].Backends)
+		}
+		w.byAddr = make(map[backendKey]uint32, n)
+		w.backs = slices.Grow(w.backs, n)
+	}
 	for _, k := range keys {
 		f, ok := want[k]
 		if !ok || len(f.Backends) >= slotHalf {
@@ -81,9 +91,10 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		cur := w.fronts[k]
 		n := len(f.Backends)
 		for j, ap := range f.Backends {
-			i, ok := w.byAddr[ap]
+			k := keyOf(ap)
+			i, ok := w.byAddr[k]
 			if !ok {
-				i = w.index(ap)
+				i = w.index(k)
 				w.pending = append(w.pending, i)
 			}
 			b := &w.backs[i]
@@ -137,7 +148,7 @@ func (w *writer) unchanged(cur *frontendState, f Frontend) bool {
 		return false
 	}
 	for j, ap := range f.Backends {
-		if i, ok := w.byAddr[ap]; !ok || i != cur.backends[j] {
+		if i, ok := w.byAddr[keyOf(ap)]; !ok || i != cur.backends[j] {
 			return false
 		}
 	}
@@ -156,7 +167,7 @@ func (w *writer) newMembers(cur *frontendState, backends []netip.AddrPort) int {
 	}
 	n := 0
 	for _, ap := range backends {
-		if i, ok := w.byAddr[ap]; !ok || !has[i] {
+		if i, ok := w.byAddr[keyOf(ap)]; !ok || !has[i] {
 			n++
 		}
 	}

@@ -111,8 +111,8 @@ func Dump(pinPath string, out io.Writer) error {
 		}
 		var bes []string
 		for _, i := range f.backends {
-			if b := w.backs[i]; b.ap.IsValid() {
-				bes = append(bes, b.ap.String())
+			if b := w.backs[i]; b.key != (backendKey{}) {
+				bes = append(bes, b.key.String())
 			} else {
 				bes = append(bes, fmt.Sprintf("#%d(missing)", b.id))
 			}

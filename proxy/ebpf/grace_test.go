@@ -136,7 +136,7 @@ func TestGraceWaiter(t *testing.T) {
 
 // backendID returns the backends map's key of ap, if the writer has it.
 func (t *backendTable) backendID(ap netip.AddrPort) (uint32, bool) {
-	i, ok := t.byAddr[ap]
+	i, ok := t.byAddr[keyOf(ap)]
 	if !ok || t.backs[i].id == 0 {
 		return 0, false
 	}
@@ -147,7 +147,7 @@ func (t *backendTable) backendID(ap netip.AddrPort) (uint32, bool) {
 func (t *backendTable) backendAddr(id uint32) netip.AddrPort {
 	for _, b := range t.backs {
 		if b.id == id {
-			return b.ap
+			return b.key.addrPort()
 		}
 	}
 	return netip.AddrPort{}

@@ -93,7 +93,7 @@ type writerMaps struct {
 
 func newWriter(m writerMaps) *writer {
 	return &writer{writerMaps: m, fronts: map[FrontendKey]*frontendState{},
-		backendTable: backendTable{backs: make([]backendState, 1), byAddr: map[netip.AddrPort]uint32{}}} // index 0: none
+		backendTable: backendTable{backs: make([]backendState, 1), byAddr: map[backendKey]uint32{}}} // index 0: none
 }
 
 // load reads the maps back (after a restart).
@@ -108,7 +108,7 @@ func (w *writer) load() error {
 			w.retired = append(w.retired, id) // by a process that stopped before its grace period ended
 			continue
 		}
-		i := w.index(netip.AddrPortFrom(fromWords(k.Addr), ntohs(k.Port)))
+		i := w.index(backendKey{k.Addr, k.Port})
 		w.backs[i].id, w.backs[i].remote = id, k.Flags&backendRemote != 0
 		w.live++
 		index[id] = i
@@ -145,8 +145,8 @@ func (w *writer) load() error {
 				if !ok {
 					// A slot naming no backend entry: an index of
 					// its own, no address, retired once unused.
-					x = w.index(netip.AddrPort{})
-					delete(w.byAddr, netip.AddrPort{})
+					x = w.index(backendKey{})
+					delete(w.byAddr, backendKey{})
 					w.backs[x].id = id
 					w.live++
 					index[id] = x
@@ -395,7 +395,8 @@ func flagsOf(f Frontend) uint8 {
 
 // addFrontends writes the new plain frontends of keys (socket scope,
 // without affinity: the ClusterIPs, nearly all of a first sync) a batch
-// of entries per update: every slot, then every master entry. As with
+// of entries per update, on every CPU: every slot, then every master
+// entry. As with
 // write, a reader finds a frontend by its master entry only, written after
 // its slots. It returns the keys written; the others, and any a failed
 // update left, go through write (one frontend at a time, an error naming
@@ -406,18 +407,13 @@ func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey)
 		next *frontendState
 	}
 	var todo []pending
-	var slotKeys []sockSvcKey
-	var slotVals []sockSvcValue
 	if len(w.fronts) == 0 {
 		// A first fill: nearly every frontend goes here.
-		n := 0
-		for _, k := range keys {
-			n += len(want[k].Backends)
-		}
-		slotKeys, slotVals, todo = make([]sockSvcKey, 0, n), make([]sockSvcValue, 0, n), make([]pending, 0, len(keys))
+		todo = make([]pending, 0, len(keys))
 		w.fronts = make(map[FrontendKey]*frontendState, len(keys))
 	}
 	nextFront := w.nextFront
+	bounds, slots := []int{0}, 0 // batches of frontends, by their slots
 	for _, k := range keys {
 		f, ok := want[k]
 		if !ok || k.External || f.AffinitySeconds > 0 || len(f.SourceRanges) > 0 || len(f.Backends) >= slotHalf || w.fronts[k] != nil {
@@ -426,7 +422,7 @@ func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey)
 		ids := make([]uint32, len(f.Backends)) // indices
 		known := true
 		for i, ap := range f.Backends {
-			ids[i], known = w.byAddr[ap]
+			ids[i], known = w.byAddr[keyOf(ap)]
 			if !known {
 				break
 			}
@@ -437,35 +433,52 @@ func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey)
 		nextFront++
 		next := &frontendState{id: nextFront, flags: flagsOf(f), backends: ids}
 		next.used[0] = uint16(len(ids))
-		base := svcKey(k, 0)
-		for i, x := range ids {
-			base.Slot = uint16(i) + 1
-			slotKeys, slotVals = append(slotKeys, base), append(slotVals, sockSvcValue{BackendId: w.backs[x].id})
+		if slots += len(ids); slots > backendBatch && len(todo) > bounds[len(bounds)-1] {
+			bounds, slots = append(bounds, len(todo)), len(ids)
 		}
 		todo = append(todo, pending{k, next})
 	}
 	if len(todo) == 0 {
 		return nil
 	}
-	for len(slotKeys) > 0 {
-		n := min(len(slotKeys), backendBatch)
-		if _, err := w.services.BatchUpdate(slotKeys[:n], slotVals[:n], nil); err != nil {
+	bounds = append(bounds, len(todo))
+	for _, r := range writeBatches(bounds, func() func(from, to int) (int, error) {
+		var keys []sockSvcKey
+		var vals []sockSvcValue
+		return func(from, to int) (int, error) {
+			keys, vals = keys[:0], vals[:0]
+			for _, p := range todo[from:to] {
+				k := svcKey(p.k, 0)
+				for i, x := range p.next.backends {
+					k.Slot = uint16(i) + 1
+					keys, vals = append(keys, k), append(vals, sockSvcValue{BackendId: w.backs[x].id})
+				}
+			}
+			if len(keys) == 0 {
+				return 0, nil
+			}
+			_, err := w.services.BatchUpdate(keys, vals, nil)
+			return 0, err
+		}
+	}) {
+		if r.err != nil {
 			return nil // slots without a master entry are not read; write rewrites them
 		}
-		slotKeys, slotVals = slotKeys[n:], slotVals[n:]
 	}
 	w.nextFront = nextFront
 	added := make(map[FrontendKey]bool, len(todo))
-	mk := make([]sockSvcKey, min(len(todo), backendBatch))
-	mv := make([]sockSvcValue, len(mk))
-	for len(todo) > 0 {
-		n := min(len(todo), backendBatch)
-		for i, p := range todo[:n] {
-			mk[i] = svcKey(p.k, 0)
-			mv[i] = sockSvcValue{Count: p.next.used[0], Flags: p.next.flags, SvcId: p.next.id}
+	for _, r := range writeBatches(evenBounds(len(todo)), func() func(from, to int) (int, error) {
+		mk := make([]sockSvcKey, min(len(todo), backendBatch))
+		mv := make([]sockSvcValue, len(mk))
+		return func(from, to int) (int, error) {
+			for i, p := range todo[from:to] {
+				mk[i] = svcKey(p.k, 0)
+				mv[i] = sockSvcValue{Count: p.next.used[0], Flags: p.next.flags, SvcId: p.next.id}
+			}
+			return w.services.BatchUpdate(mk[:to-from], mv[:to-from], nil)
 		}
-		done, err := w.services.BatchUpdate(mk[:n], mv[:n], nil)
-		for _, p := range todo[:min(max(done, 0), n)] {
+	}) {
+		for _, p := range todo[r.from : r.from+r.done] {
 			w.fronts[p.k] = p.next
 			w.tally.add(p.k, p.next, 1)
 			w.ref(nil, p.next.backends)
@@ -473,10 +486,6 @@ func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey)
 			w.Stats.SlotsWritten += len(p.next.backends)
 			added[p.k] = true
 		}
-		if err != nil {
-			break
-		}
-		todo = todo[n:]
 	}
 	return added
 }
@@ -617,7 +626,7 @@ func (w *writer) noteStale(k FrontendKey, old, keep []uint32) {
 	}
 	for _, id := range old {
 		if !slices.Contains(keep, id) {
-			w.stale = append(w.stale, staleUDP{frontend: netip.AddrPortFrom(k.Addr, k.Port), backend: w.backs[id].ap})
+			w.stale = append(w.stale, staleUDP{frontend: netip.AddrPortFrom(k.Addr, k.Port), backend: w.backs[id].key.addrPort()})
 		}
 	}
 }

@@ -126,7 +126,7 @@ func TestHundredThousandServices(t *testing.T) {
 		f := want[k]
 		ids := make([]uint32, len(f.Backends))
 		for i, ap := range f.Backends {
-			ids[i] = w.index(ap)
+			ids[i] = w.index(keyOf(ap))
 			w.added(ids[i], w.nextBackend+1)
 		}
 		w.nextFront++
@@ -158,7 +158,7 @@ func TestPlanRemovalsFirst(t *testing.T) {
 	}
 	var ids []uint32
 	for i := 1; i <= 3; i++ {
-		x := w.index(be(i))
+		x := w.index(keyOf(be(i)))
 		w.added(x, uint32(i))
 		ids = append(ids, x)
 	}
