@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -127,6 +128,7 @@ func (t *backendTable) ids(idx []uint32) []uint32 {
 func (w *writer) addBackends() {
 	todo, base := w.pending, w.nextBackend
 	w.pending = nil
+	w.unused = slices.Grow(w.unused, len(todo)) // added notes each
 	res := writeBatches(evenBounds(len(todo)), func() func(from, to int) (int, error) {
 		ids := make([]uint32, min(len(todo), backendBatch))
 		vals := make([]sockBackend, len(ids))

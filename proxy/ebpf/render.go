@@ -162,9 +162,9 @@ func Render(cfg Config, st model.State) map[FrontendKey]Frontend {
 	slices.SortFunc(names, compareNames)
 	out := map[FrontendKey]Frontend{}
 	for _, name := range names {
-		for k, f := range renderPort(cfg, st.Ports[name], st.Endpoints[name]) {
-			if _, taken := out[k]; !taken {
-				out[k] = f
+		for _, pf := range renderPort(cfg, st.Ports[name], st.Endpoints[name]) {
+			if _, taken := out[pf.key]; !taken {
+				out[pf.key] = pf.f
 			}
 		}
 	}
@@ -176,15 +176,35 @@ func compareNames(a, b model.ServicePortName) int {
 		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
+// portFrontends are the frontends of one service port, each key once: a
+// port has a few, for which a slice is smaller than a map and as fast to
+// search.
+type portFrontends []portFrontend
+
+type portFrontend struct {
+	key FrontendKey
+	f   Frontend
+}
+
+// get returns the frontend of key k.
+func (p portFrontends) get(k FrontendKey) (Frontend, bool) {
+	for _, pf := range p {
+		if pf.key == k {
+			return pf.f, true
+		}
+	}
+	return Frontend{}, false
+}
+
 // renderPort returns the frontends of one service port.
-func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[FrontendKey]Frontend {
-	out := map[FrontendKey]Frontend{}
+func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) portFrontends {
+	var out portFrontends
 	if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
 		return out
 	}
 	add := func(addr netip.Addr, port uint16, eps []model.Endpoint, sel model.Selected, ext *Frontend) {
 		k := FrontendKey{Addr: addr.Unmap(), Port: port, Protocol: sp.Protocol, External: ext != nil}
-		if _, taken := out[k]; taken {
+		if _, taken := out.get(k); taken {
 			return
 		}
 		f := Frontend{Service: sp.Name, AffinitySeconds: sp.AffinitySeconds}
@@ -214,7 +234,7 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 		default:
 			f.Verdict = Reject
 		}
-		out[k] = f
+		out = append(out, portFrontend{k, f})
 	}
 	for _, fam := range []bool{true, false} {
 		is4 := func(a netip.Addr) bool { return a.Unmap().Is4() == fam }
@@ -301,7 +321,7 @@ type Renderer struct {
 type renderedPort struct {
 	sp     *model.ServicePort
 	eps    []model.Endpoint
-	fronts map[FrontendKey]Frontend
+	fronts portFrontends
 }
 
 // NewRenderer returns an empty incremental renderer.
@@ -330,7 +350,7 @@ func (r *Renderer) Update(st model.State) (map[FrontendKey]Frontend, map[Fronten
 	}
 	// A port renders from itself alone: many (a first sync) render on
 	// every CPU, then join the claims in turn.
-	fronts := make([]map[FrontendKey]Frontend, len(names))
+	fronts := make([]portFrontends, len(names))
 	model.Parallel(len(names), func(i int) {
 		if sp := st.Ports[names[i]]; sp != nil && !r.rendered(names[i], st) {
 			fronts[i] = renderPort(r.cfg, sp, st.Endpoints[names[i]])
@@ -342,7 +362,7 @@ func (r *Renderer) Update(st model.State) (map[FrontendKey]Frontend, map[Fronten
 	}
 	for k := range dirty {
 		if c := r.claims[k]; len(c) > 0 {
-			r.out[k] = r.ports[c[0]].fronts[k]
+			r.out[k], _ = r.ports[c[0]].fronts.get(k)
 		} else {
 			delete(r.out, k)
 		}
@@ -359,7 +379,7 @@ func (r *Renderer) rendered(name model.ServicePortName, st model.State) bool {
 // port puts the port name as st has it, whose frontends are fronts, in
 // place of what was rendered (or withdraws it) unless that is what was
 // rendered, marking the keys that may change.
-func (r *Renderer) port(name model.ServicePortName, st model.State, fronts map[FrontendKey]Frontend, dirty map[FrontendKey]bool) {
+func (r *Renderer) port(name model.ServicePortName, st model.State, fronts portFrontends, dirty map[FrontendKey]bool) {
 	if r.rendered(name, st) {
 		return
 	}
@@ -374,7 +394,8 @@ func (r *Renderer) port(name model.ServicePortName, st model.State, fronts map[F
 	}
 	rp = renderedPort{sp: sp, eps: eps, fronts: fronts}
 	r.ports[name] = rp
-	for k := range rp.fronts {
+	for _, pf := range rp.fronts {
+		k := pf.key
 		c := append(r.claims[k], name)
 		slices.SortFunc(c, compareNames)
 		r.claims[k] = c
@@ -384,7 +405,8 @@ func (r *Renderer) port(name model.ServicePortName, st model.State, fronts map[F
 
 // drop withdraws a port's claims.
 func (r *Renderer) drop(name model.ServicePortName, rp renderedPort, dirty map[FrontendKey]bool) {
-	for k := range rp.fronts {
+	for _, pf := range rp.fronts {
+		k := pf.key
 		c := slices.DeleteFunc(r.claims[k], func(n model.ServicePortName) bool { return n == name })
 		if len(c) == 0 {
 			delete(r.claims, k)
