@@ -311,7 +311,7 @@ func ofFamily(all []model.Endpoint, is4 func(netip.Addr) bool) []model.Endpoint 
 type Renderer struct {
 	cfg    Config
 	ports  map[model.ServicePortName]renderedPort
-	claims map[FrontendKey][]model.ServicePortName // ports rendering a key, in name order
+	claims map[FrontendKey]claim
 	out    map[FrontendKey]Frontend
 	// cursor: the tracker's snapshot last rendered, whose Delta then names
 	// the ports to look at.
@@ -327,7 +327,7 @@ type renderedPort struct {
 // NewRenderer returns an empty incremental renderer.
 func NewRenderer(cfg Config) *Renderer {
 	return &Renderer{cfg: cfg, ports: map[model.ServicePortName]renderedPort{},
-		claims: map[FrontendKey][]model.ServicePortName{}, out: map[FrontendKey]Frontend{}}
+		claims: map[FrontendKey]claim{}, out: map[FrontendKey]Frontend{}}
 }
 
 // Update returns what Render(st) returns (the renderer's own map: do not
@@ -356,13 +356,19 @@ func (r *Renderer) Update(st model.State) (map[FrontendKey]Frontend, map[Fronten
 			fronts[i] = renderPort(r.cfg, sp, st.Endpoints[names[i]])
 		}
 	})
-	dirty := map[FrontendKey]bool{}
+	if len(r.ports) == 0 && len(r.out) == 0 {
+		// A first render: the maps get their size at once (a port has
+		// a frontend or more) rather than by doubling.
+		r.ports, r.claims, r.out = make(map[model.ServicePortName]renderedPort, len(names)),
+			make(map[FrontendKey]claim, len(names)), make(map[FrontendKey]Frontend, len(names))
+	}
+	dirty := make(map[FrontendKey]bool, min(len(names), len(st.Ports)))
 	for i, name := range names {
 		r.port(name, st, fronts[i], dirty)
 	}
 	for k := range dirty {
-		if c := r.claims[k]; len(c) > 0 {
-			r.out[k], _ = r.ports[c[0]].fronts.get(k)
+		if c, ok := r.claims[k]; ok {
+			r.out[k], _ = r.ports[c.first].fronts.get(k)
 		} else {
 			delete(r.out, k)
 		}
@@ -395,25 +401,49 @@ func (r *Renderer) port(name model.ServicePortName, st model.State, fronts portF
 	rp = renderedPort{sp: sp, eps: eps, fronts: fronts}
 	r.ports[name] = rp
 	for _, pf := range rp.fronts {
-		k := pf.key
-		c := append(r.claims[k], name)
-		slices.SortFunc(c, compareNames)
-		r.claims[k] = c
-		dirty[k] = true
+		c, ok := r.claims[pf.key]
+		if !ok {
+			c = claim{first: name}
+		} else {
+			c = c.with(name)
+		}
+		r.claims[pf.key] = c
+		dirty[pf.key] = true
 	}
+}
+
+// claim names the ports rendering a key, in name order: first, then the
+// others (nearly always none: most keys take no slice).
+type claim struct {
+	first model.ServicePortName
+	more  []model.ServicePortName
+}
+
+// with returns c with name added.
+func (c claim) with(name model.ServicePortName) claim {
+	all := append([]model.ServicePortName{c.first, name}, c.more...)
+	slices.SortFunc(all, compareNames)
+	return claim{first: all[0], more: all[1:]}
+}
+
+// without returns c without name; ok is false when no port is left.
+func (c claim) without(name model.ServicePortName) (rest claim, ok bool) {
+	if len(c.more) == 0 {
+		return c, c.first != name
+	}
+	all := slices.DeleteFunc(append([]model.ServicePortName{c.first}, c.more...), func(n model.ServicePortName) bool { return n == name })
+	return claim{first: all[0], more: all[1:]}, true
 }
 
 // drop withdraws a port's claims.
 func (r *Renderer) drop(name model.ServicePortName, rp renderedPort, dirty map[FrontendKey]bool) {
 	for _, pf := range rp.fronts {
-		k := pf.key
-		c := slices.DeleteFunc(r.claims[k], func(n model.ServicePortName) bool { return n == name })
-		if len(c) == 0 {
-			delete(r.claims, k)
+		if c, ok := r.claims[pf.key].without(name); ok {
+			r.claims[pf.key] = c
 		} else {
-			r.claims[k] = c
+			delete(r.claims, pf.key)
 		}
-		dirty[k] = true
+		dirty[pf.key] = true
 	}
 }
 
