@@ -30,6 +30,9 @@ type applyPlan struct {
 	// freed are the backends (indices) the removals leave unused and no
 	// frontend written names, deleted before new ones are added.
 	freed []uint32
+	// lists[j] are the indices of the backends of keys[j] (nil: removed,
+	// or refused by write), those of pending included.
+	lists [][]uint32
 }
 
 // plan counts what apply(want, keys) needs (see above). It gives the
@@ -73,6 +76,7 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		candidate(i)
 	}
 	// The frontends written.
+	lists := make([][]uint32, len(keys))
 	if len(w.byAddr) == 0 {
 		// A first fill: nearly every backend is new. The table gets its
 		// size at once rather than by doubling.
@@ -83,13 +87,14 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		w.byAddr = make(map[backendKey]uint32, n)
 		w.backs = slices.Grow(w.backs, n)
 	}
-	for _, k := range keys {
+	for x, k := range keys {
 		f, ok := want[k]
 		if !ok || len(f.Backends) >= slotHalf {
 			continue // removed, or refused by write
 		}
 		cur := w.fronts[k]
 		n := len(f.Backends)
+		lists[x] = make([]uint32, n)
 		for j, ap := range f.Backends {
 			k := keyOf(ap)
 			i, ok := w.byAddr[k]
@@ -97,13 +102,14 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 				i = w.index(k)
 				w.pending = append(w.pending, i)
 			}
+			lists[x][j] = i
 			b := &w.backs[i]
 			b.cand = false
 			if b.id == 0 && f.Remote != nil && f.Remote[j] {
 				b.remote = true // written so by addBackends
 			}
 		}
-		if cur != nil && w.unchanged(cur, f) {
+		if cur != nil && w.unchanged(cur, f, lists[x]) {
 			continue
 		}
 		if cur == nil {
@@ -137,22 +143,16 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		need: map[string]int{"weft_services": services, "weft_backends": w.live + len(w.retired) - len(freed) + len(w.pending),
 			"weft_affinity_members": members, "weft_src_ranges": ranges, "weft_maglev": tables},
 		freed: freed,
+		lists: lists,
 	}
 }
 
-// unchanged reports whether frontend f is what state cur holds, as write
-// compares them (write skips it).
-func (w *writer) unchanged(cur *frontendState, f Frontend) bool {
-	if cur.flags != flagsOf(f) || cur.affinity != uint32(f.AffinitySeconds) || len(cur.backends) != len(f.Backends) ||
-		!slices.Equal(cur.ranges, f.SourceRanges) {
-		return false
-	}
-	for j, ap := range f.Backends {
-		if i, ok := w.byAddr[keyOf(ap)]; !ok || i != cur.backends[j] {
-			return false
-		}
-	}
-	return true
+// unchanged reports whether frontend f, whose backends are list
+// (indices), is what state cur holds, as write compares them (write skips
+// it).
+func (w *writer) unchanged(cur *frontendState, f Frontend, list []uint32) bool {
+	return cur.flags == flagsOf(f) && cur.affinity == uint32(f.AffinitySeconds) && slices.Equal(cur.backends, list) &&
+		slices.Equal(cur.ranges, f.SourceRanges)
 }
 
 // newMembers counts the affinity members a frontend in state cur (nil: a

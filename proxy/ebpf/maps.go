@@ -245,7 +245,7 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 		errs = append(errs, err)
 	}
 	w.addBackends()
-	added := w.addFrontends(want, keys)
+	added := w.addFrontends(want, keys, p.lists)
 	for _, k := range keys {
 		if added[k] {
 			continue
@@ -401,7 +401,7 @@ func flagsOf(f Frontend) uint8 {
 // its slots. It returns the keys written; the others, and any a failed
 // update left, go through write (one frontend at a time, an error naming
 // it).
-func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey) map[FrontendKey]bool {
+func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey, lists [][]uint32) map[FrontendKey]bool {
 	type pending struct {
 		k    FrontendKey
 		next *frontendState
@@ -414,20 +414,13 @@ func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey)
 	}
 	nextFront := w.nextFront
 	bounds, slots := []int{0}, 0 // batches of frontends, by their slots
-	for _, k := range keys {
+	for x, k := range keys {
 		f, ok := want[k]
 		if !ok || k.External || f.AffinitySeconds > 0 || len(f.SourceRanges) > 0 || len(f.Backends) >= slotHalf || w.fronts[k] != nil {
 			continue
 		}
-		ids := make([]uint32, len(f.Backends)) // indices
-		known := true
-		for i, ap := range f.Backends {
-			ids[i], known = w.byAddr[keyOf(ap)]
-			if !known {
-				break
-			}
-		}
-		if !known {
+		ids := lists[x] // indices, from plan
+		if slices.ContainsFunc(ids, func(i uint32) bool { return w.backs[i].id == 0 }) {
 			continue // its backend failed to go in a batch: write tries it alone
 		}
 		nextFront++
