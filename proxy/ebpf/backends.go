@@ -60,7 +60,7 @@ type backendState struct {
 
 // backendTable is the writer's backends.
 type backendTable struct {
-	backs  []backendState
+	backs  []backendState        // by index; index 0 names none (a slot load found missing)
 	free   []uint32              // indices of backs to reuse
 	byAddr map[backendKey]uint32 // the index of each backend
 	live   int                   // backends written
@@ -72,7 +72,7 @@ type backendTable struct {
 	// (addBackends writes them; until then their id is 0 and they are
 	// not live).
 	pending     []uint32
-	nextBackend uint32
+	nextBackend uint32 // the highest id written
 }
 
 // index returns a new index for k, not yet written (id 0).
