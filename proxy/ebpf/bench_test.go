@@ -6,8 +6,10 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// benchWriter is a writer on fresh, unpinned maps.
+// benchWriter is a writer on fresh, unpinned maps of the capacities the
+// node's memory gives (those of a proxy without --bpf-lb-map-max).
 func benchWriter(b *testing.B) *writer {
+	caps := LBCapacities(LBMaxFor(memTotal()))
 	spec, err := loadSock()
 	if err != nil {
 		b.Fatal(err)
@@ -24,6 +26,7 @@ func benchWriter(b *testing.B) *writer {
 		}
 		ms = ms.Copy()
 		ms.Pinning = ebpf.PinNone
+		ms.MaxEntries = uint32(caps[name])
 		m, err := ebpf.NewMap(ms)
 		if err != nil {
 			b.Fatal(err)

@@ -27,16 +27,21 @@ import (
 type applyPlan struct {
 	// need is what each map holds at most meanwhile, by name.
 	need map[string]int
-	// freed are the backends the removals leave unused and no frontend
-	// written names, deleted before new ones are added.
-	freed map[uint32]bool
+	// freed are the backends (indices) the removals leave unused and no
+	// frontend written names, deleted before new ones are added.
+	freed []uint32
+	// lists[j] are the indices of the backends of keys[j] (nil: removed,
+	// or refused by write), those of pending included.
+	lists [][]uint32
 }
 
-// plan counts what apply(want, keys) needs (see above).
+// plan counts what apply(want, keys) needs (see above). It gives the
+// backends the frontends name and the writer lacks an index (pending,
+// for addBackends; apply forgets them if it writes nothing).
 func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPlan {
 	services, members, ranges, tables := w.tally.services, w.tally.members, w.tally.ranges, w.tally.maglev
 	// The removals.
-	drop := map[uint32]int{}
+	var dropped []uint32
 	for _, k := range keys {
 		cur := w.fronts[k]
 		if _, ok := want[k]; ok || cur == nil {
@@ -50,50 +55,61 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 		if k.External && len(cur.backends) > 0 {
 			tables--
 		}
-		for _, id := range cur.backends {
-			drop[id]++
+		for _, i := range cur.backends {
+			w.backs[i].drop++
+			dropped = append(dropped, i)
 		}
 	}
 	// The backends unused once the removals are done: candidates, unless
 	// a frontend written names them.
-	unused := map[netip.AddrPort]uint32{}
-	candidate := func(id uint32) {
-		if ap, ok := w.backendAddr[id]; ok && w.refs[id]-drop[id] <= 0 {
-			unused[ap] = id
+	var cands []uint32
+	candidate := func(i uint32) {
+		if b := &w.backs[i]; b.id != 0 && !b.cand && b.refs-b.drop <= 0 {
+			b.cand = true
+			cands = append(cands, i)
 		}
 	}
-	for id := range w.unused {
-		candidate(id)
+	for _, i := range w.unused {
+		candidate(i)
 	}
-	for id := range drop {
-		candidate(id)
+	for _, i := range dropped {
+		candidate(i)
 	}
 	// The frontends written.
-	var added map[netip.AddrPort]bool
-	if len(w.backendID) == 0 {
-		// A first fill: nearly every backend is new.
+	lists := make([][]uint32, len(keys))
+	if len(w.byAddr) == 0 {
+		// A first fill: nearly every backend is new. The table gets its
+		// size at once rather than by doubling.
 		n := 0
 		for _, k := range keys {
 			n += len(want[k].Backends)
 		}
-		added = make(map[netip.AddrPort]bool, n)
-	} else {
-		added = map[netip.AddrPort]bool{}
+		w.byAddr = make(map[backendKey]uint32, n)
+		w.backs = slices.Grow(w.backs, n)
 	}
-	for _, k := range keys {
+	for x, k := range keys {
 		f, ok := want[k]
 		if !ok || len(f.Backends) >= slotHalf {
 			continue // removed, or refused by write
 		}
 		cur := w.fronts[k]
 		n := len(f.Backends)
-		for _, ap := range f.Backends {
-			delete(unused, ap)
-			if _, ok := w.backendID[ap]; !ok {
-				added[ap] = true
+		lists[x] = make([]uint32, n)
+		for j, ap := range f.Backends {
+			k := keyOf(ap)
+			i, ok := w.byAddr[k]
+			if !ok {
+				i = w.index(k)
+				w.pending = append(w.pending, i)
+			}
+			lists[x][j] = i
+			b := &w.backs[i]
+			b.cand = false
+			if b.id == 0 && f.Remote != nil && f.Remote[j] {
+				b.remote = true // written so by addBackends
 			}
 		}
-		if cur != nil && w.unchanged(cur, f) {
+		if cur != nil && w.unchanged(cur, f, lists[x]) {
 			continue
 		}
 		if cur == nil {
@@ -113,30 +129,30 @@ func (w *writer) plan(want map[FrontendKey]Frontend, keys []FrontendKey) applyPl
 			tables++
 		}
 	}
-	freed := make(map[uint32]bool, len(unused))
-	for _, id := range unused {
-		freed[id] = true
+	var freed []uint32
+	for _, i := range cands {
+		if b := &w.backs[i]; b.cand {
+			b.cand = false
+			freed = append(freed, i)
+		}
+	}
+	for _, i := range dropped {
+		w.backs[i].drop = 0
 	}
 	return applyPlan{
-		need: map[string]int{"weft_services": services, "weft_backends": len(w.backendAddr) + len(w.retired) - len(freed) + len(added),
+		need: map[string]int{"weft_services": services, "weft_backends": w.live + len(w.retired) - len(freed) + len(w.pending),
 			"weft_affinity_members": members, "weft_src_ranges": ranges, "weft_maglev": tables},
 		freed: freed,
+		lists: lists,
 	}
 }
 
-// unchanged reports whether frontend f is what state cur holds, as write
-// compares them (write skips it).
-func (w *writer) unchanged(cur *frontendState, f Frontend) bool {
-	if cur.flags != flagsOf(f) || cur.affinity != uint32(f.AffinitySeconds) || len(cur.backends) != len(f.Backends) ||
-		!slices.Equal(cur.ranges, f.SourceRanges) {
-		return false
-	}
-	for i, ap := range f.Backends {
-		if id, ok := w.backendID[ap]; !ok || id != cur.backends[i] {
-			return false
-		}
-	}
-	return true
+// unchanged reports whether frontend f, whose backends are list
+// (indices), is what state cur holds, as write compares them (write skips
+// it).
+func (w *writer) unchanged(cur *frontendState, f Frontend, list []uint32) bool {
+	return cur.flags == flagsOf(f) && cur.affinity == uint32(f.AffinitySeconds) && slices.Equal(cur.backends, list) &&
+		slices.Equal(cur.ranges, f.SourceRanges)
 }
 
 // newMembers counts the affinity members a frontend in state cur (nil: a
@@ -151,7 +167,7 @@ func (w *writer) newMembers(cur *frontendState, backends []netip.AddrPort) int {
 	}
 	n := 0
 	for _, ap := range backends {
-		if id, ok := w.backendID[ap]; !ok || !has[id] {
+		if i, ok := w.byAddr[keyOf(ap)]; !ok || !has[i] {
 			n++
 		}
 	}

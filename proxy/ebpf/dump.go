@@ -110,11 +110,11 @@ func Dump(pinPath string, out io.Writer) error {
 			affinity = fmt.Sprintf("%ds", f.affinity)
 		}
 		var bes []string
-		for _, id := range f.backends {
-			if ap, ok := w.backendAddr[id]; ok {
-				bes = append(bes, ap.String())
+		for _, i := range f.backends {
+			if b := w.backs[i]; b.key != (backendKey{}) {
+				bes = append(bes, b.key.String())
 			} else {
-				bes = append(bes, fmt.Sprintf("#%d(missing)", id))
+				bes = append(bes, fmt.Sprintf("#%d(missing)", b.id))
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k, verdict, affinity, strings.Join(bes, " "))

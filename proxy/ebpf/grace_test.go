@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"log/slog"
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -22,7 +23,7 @@ func TestRetiredBackendsOutliveTheGracePeriod(t *testing.T) {
 	if got := parsePacket(t, second(e.run(e.objs.WeftNodeport, in))); got.dst != ext(podX, 80) {
 		t.Fatalf("first packet to %s", got.dst)
 	}
-	idX := e.w.backendID[ext(podX, 80)]
+	idX, _ := e.w.backendID(ext(podX, 80))
 
 	// podX leaves: marked, not deleted.
 	e.program(map[FrontendKey]Frontend{frontend: {Masquerade: true, Backends: backends(ext(podY, 80))}})
@@ -52,7 +53,7 @@ func TestRetiredBackendsOutliveTheGracePeriod(t *testing.T) {
 	if got := slots(); got != 3 {
 		t.Fatalf("during the grace period the services map holds %d entries, want 3 (the master entry, both halves' slot)", got)
 	}
-	if _, ok := e.w.backendID[ext(podX, 80)]; ok {
+	if _, ok := e.w.backendID(ext(podX, 80)); ok {
 		t.Fatal("the writer still names podX's retired entry: an endpoint coming back would reuse it")
 	}
 	if got := parsePacket(t, second(e.run(e.objs.WeftNodeport, in))); got.dst != ext(podY, 80) {
@@ -92,7 +93,7 @@ func TestRetiredBackendsOutliveTheGracePeriod(t *testing.T) {
 	}
 
 	// The goroutine alone ends a period: podY leaves too.
-	idY := e.w.backendID[ext(podY, 80)]
+	idY, _ := e.w.backendID(ext(podY, 80))
 	e.program(map[FrontendKey]Frontend{frontend: {Masquerade: true}})
 	b.mu.Lock()
 	b.startGrace()
@@ -131,4 +132,23 @@ func TestGraceWaiter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// backendID returns the backends map's key of ap, if the writer has it.
+func (t *backendTable) backendID(ap netip.AddrPort) (uint32, bool) {
+	i, ok := t.byAddr[keyOf(ap)]
+	if !ok || t.backs[i].id == 0 {
+		return 0, false
+	}
+	return t.backs[i].id, true
+}
+
+// backendAddr returns the address of the backend whose key is id.
+func (t *backendTable) backendAddr(id uint32) netip.AddrPort {
+	for _, b := range t.backs {
+		if b.id == id {
+			return b.key.addrPort()
+		}
+	}
+	return netip.AddrPort{}
 }

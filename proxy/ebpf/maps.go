@@ -37,7 +37,7 @@ type frontendState struct {
 	half     uint8
 	flags    uint8
 	affinity uint32
-	backends []uint32  // the active list
+	backends []uint32  // the active list (indices of the writer's backs)
 	used     [2]uint16 // the highest slot written in each half
 	ranges   []netip.Prefix
 }
@@ -47,19 +47,13 @@ type frontendState struct {
 // back) so that a sync writes only what changed.
 type writer struct {
 	writerMaps
-	fronts      map[FrontendKey]*frontendState
-	backendID   map[netip.AddrPort]uint32
-	backendAddr map[uint32]netip.AddrPort
-	// remote: the backends written BACKEND_REMOTE (on another node).
-	remote      map[uint32]bool
-	nextBackend uint32
-	nextFront   uint32
-	orphans     []sockSvcKey    // slots without a master entry, found by load
-	refs        map[uint32]int  // active lists naming each backend
-	unused      map[uint32]bool // backends whose count fell to 0 this sync
-	// retired are backends marked BACKEND_GONE, to delete after a grace
-	// period (grace.go), and rewritten the frontends whose inactive half
-	// holds a list no reader will use once that period is over.
+	fronts map[FrontendKey]*frontendState
+	backendTable
+	nextFront uint32
+	orphans   []sockSvcKey // slots without a master entry, found by load
+	// retired are backends (ids) marked BACKEND_GONE, to delete after a
+	// grace period (grace.go), and rewritten the frontends whose inactive
+	// half holds a list no reader will use once that period is over.
 	retired   []uint32
 	rewritten []FrontendKey
 	// stale are the backends removed from UDP frontends of the socket
@@ -99,14 +93,14 @@ type writerMaps struct {
 
 func newWriter(m writerMaps) *writer {
 	return &writer{writerMaps: m, fronts: map[FrontendKey]*frontendState{},
-		backendID: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{}, remote: map[uint32]bool{},
-		refs: map[uint32]int{}, unused: map[uint32]bool{}}
+		backendTable: backendTable{backs: make([]backendState, 1), byAddr: map[backendKey]uint32{}}} // index 0: none
 }
 
 // load reads the maps back (after a restart).
 func (w *writer) load() error {
 	var k sockBackend
 	var id uint32
+	index := map[uint32]uint32{} // backend id -> index
 	it := w.backends.Iterate()
 	for it.Next(&id, &k) {
 		w.nextBackend = max(w.nextBackend, id)
@@ -114,11 +108,10 @@ func (w *writer) load() error {
 			w.retired = append(w.retired, id) // by a process that stopped before its grace period ended
 			continue
 		}
-		ap := netip.AddrPortFrom(fromWords(k.Addr), ntohs(k.Port))
-		w.backendID[ap], w.backendAddr[id] = id, ap
-		if k.Flags&backendRemote != 0 {
-			w.remote[id] = true
-		}
+		i := w.index(backendKey{k.Addr, k.Port})
+		w.backs[i].id, w.backs[i].remote = id, k.Flags&backendRemote != 0
+		w.live++
+		index[id] = i
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("reading the backends map: %w", err)
@@ -148,7 +141,17 @@ func (w *writer) load() error {
 			h := slot / slotHalf
 			f.used[h] = max(f.used[h], slot%slotHalf)
 			if i := int(slot%slotHalf) - 1; uint8(h) == f.half && i < len(f.backends) {
-				f.backends[i] = id
+				x, ok := index[id]
+				if !ok {
+					// A slot naming no backend entry: an index of
+					// its own, no address, retired once unused.
+					x = w.index(backendKey{})
+					delete(w.byAddr, backendKey{})
+					w.backs[x].id = id
+					w.live++
+					index[id] = x
+				}
+				f.backends[i] = x
 			}
 		}
 	}
@@ -161,9 +164,9 @@ func (w *writer) load() error {
 	if err := w.dropOrphanTables(); err != nil {
 		return err
 	}
-	for id := range w.backendAddr {
-		if w.refs[id] == 0 {
-			w.unused[id] = true
+	for _, i := range index {
+		if w.backs[i].refs == 0 {
+			w.note(i)
 		}
 	}
 	for fk, f := range w.fronts {
@@ -222,6 +225,7 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 	p := w.plan(want, keys)
 	w.needed = p.need
 	if err := w.fits(p.need); err != nil {
+		w.dropPending()
 		return err
 	}
 	// Removals first, then the backends they leave unused: what they
@@ -240,8 +244,8 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 	if err := w.collect(p.freed); err != nil {
 		errs = append(errs, err)
 	}
-	w.addBackends(want, keys)
-	added := w.addFrontends(want, keys)
+	w.addBackends()
+	added := w.addFrontends(want, keys, p.lists)
 	for _, k := range keys {
 		if added[k] {
 			continue
@@ -252,7 +256,7 @@ func (w *writer) apply(want map[FrontendKey]Frontend, dirty map[FrontendKey]bool
 			}
 		}
 	}
-	if err := w.retire(w.unused); err != nil {
+	if err := w.retire(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -277,16 +281,16 @@ func (w *writer) write(k FrontendKey, f Frontend) error {
 	if len(f.Backends) >= slotHalf {
 		return fmt.Errorf("%d backends, at most %d are supported", len(f.Backends), slotHalf-1)
 	}
-	ids := make([]uint32, len(f.Backends))
+	ids := make([]uint32, len(f.Backends)) // indices
 	for i, ap := range f.Backends {
-		id, err := w.backend(ap)
+		x, err := w.backend(ap)
 		if err != nil {
 			return err
 		}
-		if err := w.setRemote(id, f, i); err != nil {
+		if err := w.setRemote(x, f, i); err != nil {
 			return err
 		}
-		ids[i] = id
+		ids[i] = x
 	}
 	flags := flagsOf(f)
 	cur := w.fronts[k]
@@ -306,8 +310,8 @@ func (w *writer) write(k FrontendKey, f Frontend) error {
 	if len(ids) > 0 {
 		keys := make([]sockSvcKey, len(ids))
 		vals := make([]sockSvcValue, len(ids))
-		for i, id := range ids {
-			keys[i], vals[i] = svcKey(k, base+uint16(i)+1), sockSvcValue{BackendId: id}
+		for i, x := range ids {
+			keys[i], vals[i] = svcKey(k, base+uint16(i)+1), sockSvcValue{BackendId: w.backs[x].id}
 		}
 		if _, err := w.services.BatchUpdate(keys, vals, nil); err != nil {
 			return fmt.Errorf("writing %d backend slots: %w", len(ids), err)
@@ -319,7 +323,7 @@ func (w *writer) write(k FrontendKey, f Frontend) error {
 	}
 	next.used[next.half] = uint16(len(ids))
 	if next.affinity > 0 {
-		if err := w.setMembers(next.id, ids); err != nil {
+		if err := w.setMembers(next.id, w.ids(ids)); err != nil {
 			return err
 		}
 	}
@@ -327,7 +331,7 @@ func (w *writer) write(k FrontendKey, f Frontend) error {
 		return err
 	}
 	if k.External && len(ids) > 0 {
-		if err := w.setMaglev(next.id, f.Backends, ids); err != nil {
+		if err := w.setMaglev(next.id, f.Backends, w.ids(ids)); err != nil {
 			return err
 		}
 	}
@@ -391,75 +395,83 @@ func flagsOf(f Frontend) uint8 {
 
 // addFrontends writes the new plain frontends of keys (socket scope,
 // without affinity: the ClusterIPs, nearly all of a first sync) a batch
-// of entries per update: every slot, then every master entry. As with
+// of entries per update, on every CPU: every slot, then every master
+// entry. As with
 // write, a reader finds a frontend by its master entry only, written after
 // its slots. It returns the keys written; the others, and any a failed
 // update left, go through write (one frontend at a time, an error naming
 // it).
-func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey) map[FrontendKey]bool {
+func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey, lists [][]uint32) map[FrontendKey]bool {
 	type pending struct {
 		k    FrontendKey
 		next *frontendState
 	}
 	var todo []pending
-	var slotKeys []sockSvcKey
-	var slotVals []sockSvcValue
 	if len(w.fronts) == 0 {
 		// A first fill: nearly every frontend goes here.
-		n := 0
-		for _, k := range keys {
-			n += len(want[k].Backends)
-		}
-		slotKeys, slotVals, todo = make([]sockSvcKey, 0, n), make([]sockSvcValue, 0, n), make([]pending, 0, len(keys))
+		todo = make([]pending, 0, len(keys))
 		w.fronts = make(map[FrontendKey]*frontendState, len(keys))
 	}
 	nextFront := w.nextFront
-	for _, k := range keys {
+	bounds, slots := []int{0}, 0 // batches of frontends, by their slots
+	for x, k := range keys {
 		f, ok := want[k]
-		if !ok || w.fronts[k] != nil || k.External || f.AffinitySeconds > 0 || len(f.SourceRanges) > 0 || len(f.Backends) >= slotHalf {
+		if !ok || k.External || f.AffinitySeconds > 0 || len(f.SourceRanges) > 0 || len(f.Backends) >= slotHalf || w.fronts[k] != nil {
 			continue
 		}
-		ids := make([]uint32, len(f.Backends))
-		known := true
-		for i, ap := range f.Backends {
-			ids[i], known = w.backendID[ap]
-			if !known {
-				break
-			}
-		}
-		if !known {
+		ids := lists[x] // indices, from plan
+		if slices.ContainsFunc(ids, func(i uint32) bool { return w.backs[i].id == 0 }) {
 			continue // its backend failed to go in a batch: write tries it alone
 		}
 		nextFront++
 		next := &frontendState{id: nextFront, flags: flagsOf(f), backends: ids}
 		next.used[0] = uint16(len(ids))
-		for i, id := range ids {
-			slotKeys, slotVals = append(slotKeys, svcKey(k, uint16(i)+1)), append(slotVals, sockSvcValue{BackendId: id})
+		if slots += len(ids); slots > backendBatch && len(todo) > bounds[len(bounds)-1] {
+			bounds, slots = append(bounds, len(todo)), len(ids)
 		}
 		todo = append(todo, pending{k, next})
 	}
 	if len(todo) == 0 {
 		return nil
 	}
-	for len(slotKeys) > 0 {
-		n := min(len(slotKeys), backendBatch)
-		if _, err := w.services.BatchUpdate(slotKeys[:n], slotVals[:n], nil); err != nil {
+	bounds = append(bounds, len(todo))
+	for _, r := range writeBatches(bounds, func() func(from, to int) (int, error) {
+		var keys []sockSvcKey
+		var vals []sockSvcValue
+		return func(from, to int) (int, error) {
+			keys, vals = keys[:0], vals[:0]
+			for _, p := range todo[from:to] {
+				k := svcKey(p.k, 0)
+				for i, x := range p.next.backends {
+					k.Slot = uint16(i) + 1
+					keys, vals = append(keys, k), append(vals, sockSvcValue{BackendId: w.backs[x].id})
+				}
+			}
+			if len(keys) == 0 {
+				return 0, nil
+			}
+			_, err := w.services.BatchUpdate(keys, vals, nil)
+			return 0, err
+		}
+	}) {
+		if r.err != nil {
 			return nil // slots without a master entry are not read; write rewrites them
 		}
-		slotKeys, slotVals = slotKeys[n:], slotVals[n:]
 	}
 	w.nextFront = nextFront
 	added := make(map[FrontendKey]bool, len(todo))
-	for len(todo) > 0 {
-		n := min(len(todo), backendBatch)
-		mk := make([]sockSvcKey, n)
-		mv := make([]sockSvcValue, n)
-		for i, p := range todo[:n] {
-			mk[i] = svcKey(p.k, 0)
-			mv[i] = sockSvcValue{Count: p.next.used[0], Flags: p.next.flags, SvcId: p.next.id}
+	for _, r := range writeBatches(evenBounds(len(todo)), func() func(from, to int) (int, error) {
+		mk := make([]sockSvcKey, min(len(todo), backendBatch))
+		mv := make([]sockSvcValue, len(mk))
+		return func(from, to int) (int, error) {
+			for i, p := range todo[from:to] {
+				mk[i] = svcKey(p.k, 0)
+				mv[i] = sockSvcValue{Count: p.next.used[0], Flags: p.next.flags, SvcId: p.next.id}
+			}
+			return w.services.BatchUpdate(mk[:to-from], mv[:to-from], nil)
 		}
-		done, err := w.services.BatchUpdate(mk, mv, nil)
-		for _, p := range todo[:min(done, n)] {
+	}) {
+		for _, p := range todo[r.from : r.from+r.done] {
 			w.fronts[p.k] = p.next
 			w.tally.add(p.k, p.next, 1)
 			w.ref(nil, p.next.backends)
@@ -467,10 +479,6 @@ func (w *writer) addFrontends(want map[FrontendKey]Frontend, keys []FrontendKey)
 			w.Stats.SlotsWritten += len(p.next.backends)
 			added[p.k] = true
 		}
-		if err != nil {
-			break
-		}
-		todo = todo[n:]
 	}
 	return added
 }
@@ -491,7 +499,8 @@ func (w *writer) setMembers(svc uint32, ids []uint32) error {
 	return nil
 }
 
-// dropMembers deletes the affinity members of old that keep lacks.
+// dropMembers deletes the affinity members of old that keep lacks
+// (indices of backends).
 func (w *writer) dropMembers(svc uint32, old, keep []uint32) error {
 	kept := map[uint32]bool{}
 	for _, id := range keep {
@@ -501,7 +510,7 @@ func (w *writer) dropMembers(svc uint32, old, keep []uint32) error {
 		if kept[id] {
 			continue
 		}
-		if err := w.members.Delete(sockAffinityMember{SvcId: svc, BackendId: id}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := w.members.Delete(sockAffinityMember{SvcId: svc, BackendId: w.backs[id].id}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("deleting an affinity member: %w", err)
 		}
 	}
@@ -610,7 +619,7 @@ func (w *writer) noteStale(k FrontendKey, old, keep []uint32) {
 	}
 	for _, id := range old {
 		if !slices.Contains(keep, id) {
-			w.stale = append(w.stale, staleUDP{frontend: netip.AddrPortFrom(k.Addr, k.Port), backend: w.backendAddr[id]})
+			w.stale = append(w.stale, staleUDP{frontend: netip.AddrPortFrom(k.Addr, k.Port), backend: w.backs[id].key.addrPort()})
 		}
 	}
 }

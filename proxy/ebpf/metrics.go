@@ -190,7 +190,7 @@ func (c *lruCounts) count(name string, m *ebpf.Map) (int, bool) {
 // the affinity members of frontends with affinity, the source ranges and
 // one Maglev table per external frontend with backends.
 func (w *writer) entries() map[string]int {
-	return map[string]int{"weft_services": w.tally.services, "weft_backends": len(w.backendAddr),
+	return map[string]int{"weft_services": w.tally.services, "weft_backends": w.live,
 		"weft_affinity_members": w.tally.members, "weft_src_ranges": w.tally.ranges, "weft_maglev": w.tally.maglev}
 }
 

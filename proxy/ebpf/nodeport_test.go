@@ -641,8 +641,9 @@ func TestAffinityTimeout(t *testing.T) {
 	// does in the program's subtraction: still an entry timeout+1 s old.
 	aged := uint64(now.Nano()) - (timeout+1)*uint64(time.Second)
 	moved := false
+	firstID, _ := e.w.backendID(first)
 	for sport := uint16(42000); sport < 42020; sport++ {
-		if err := e.objs.WeftExtAffinity.Put(key, nodeportExtAffinityValue{LastNs: aged, BackendId: e.w.backendID[first]}); err != nil {
+		if err := e.objs.WeftExtAffinity.Put(key, nodeportExtAffinityValue{LastNs: aged, BackendId: firstID}); err != nil {
 			t.Fatal(err)
 		}
 		got := to(sport)
@@ -651,8 +652,8 @@ func TestAffinityTimeout(t *testing.T) {
 		if err := e.objs.WeftExtAffinity.Lookup(key, &v); err != nil {
 			t.Fatal(err)
 		}
-		if v.LastNs < uint64(now.Nano()) || e.w.backendAddr[v.BackendId] != got {
-			t.Fatalf("after an expired entry, the client's entry holds %s from %d, want %s from %d or later", e.w.backendAddr[v.BackendId], v.LastNs, got, now.Nano())
+		if v.LastNs < uint64(now.Nano()) || e.w.backendAddr(v.BackendId) != got {
+			t.Fatalf("after an expired entry, the client's entry holds %s from %d, want %s from %d or later", e.w.backendAddr(v.BackendId), v.LastNs, got, now.Nano())
 		}
 	}
 	if !moved {

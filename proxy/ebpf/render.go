@@ -162,9 +162,9 @@ func Render(cfg Config, st model.State) map[FrontendKey]Frontend {
 	slices.SortFunc(names, compareNames)
 	out := map[FrontendKey]Frontend{}
 	for _, name := range names {
-		for k, f := range renderPort(cfg, st.Ports[name], st.Endpoints[name]) {
-			if _, taken := out[k]; !taken {
-				out[k] = f
+		for _, pf := range renderPort(cfg, st.Ports[name], st.Endpoints[name]) {
+			if _, taken := out[pf.key]; !taken {
+				out[pf.key] = pf.f
 			}
 		}
 	}
@@ -176,15 +176,35 @@ func compareNames(a, b model.ServicePortName) int {
 		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
+// portFrontends are the frontends of one service port, each key once: a
+// port has a few, for which a slice is smaller than a map and as fast to
+// search.
+type portFrontends []portFrontend
+
+type portFrontend struct {
+	key FrontendKey
+	f   Frontend
+}
+
+// get returns the frontend of key k.
+func (p portFrontends) get(k FrontendKey) (Frontend, bool) {
+	for _, pf := range p {
+		if pf.key == k {
+			return pf.f, true
+		}
+	}
+	return Frontend{}, false
+}
+
 // renderPort returns the frontends of one service port.
-func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[FrontendKey]Frontend {
-	out := map[FrontendKey]Frontend{}
+func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) portFrontends {
+	var out portFrontends
 	if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
 		return out
 	}
 	add := func(addr netip.Addr, port uint16, eps []model.Endpoint, sel model.Selected, ext *Frontend) {
 		k := FrontendKey{Addr: addr.Unmap(), Port: port, Protocol: sp.Protocol, External: ext != nil}
-		if _, taken := out[k]; taken {
+		if _, taken := out.get(k); taken {
 			return
 		}
 		f := Frontend{Service: sp.Name, AffinitySeconds: sp.AffinitySeconds}
@@ -214,7 +234,7 @@ func renderPort(cfg Config, sp *model.ServicePort, all []model.Endpoint) map[Fro
 		default:
 			f.Verdict = Reject
 		}
-		out[k] = f
+		out = append(out, portFrontend{k, f})
 	}
 	for _, fam := range []bool{true, false} {
 		is4 := func(a netip.Addr) bool { return a.Unmap().Is4() == fam }
@@ -291,7 +311,7 @@ func ofFamily(all []model.Endpoint, is4 func(netip.Addr) bool) []model.Endpoint 
 type Renderer struct {
 	cfg    Config
 	ports  map[model.ServicePortName]renderedPort
-	claims map[FrontendKey][]model.ServicePortName // ports rendering a key, in name order
+	claims map[FrontendKey]claim
 	out    map[FrontendKey]Frontend
 	// cursor: the tracker's snapshot last rendered, whose Delta then names
 	// the ports to look at.
@@ -301,13 +321,13 @@ type Renderer struct {
 type renderedPort struct {
 	sp     *model.ServicePort
 	eps    []model.Endpoint
-	fronts map[FrontendKey]Frontend
+	fronts portFrontends
 }
 
 // NewRenderer returns an empty incremental renderer.
 func NewRenderer(cfg Config) *Renderer {
 	return &Renderer{cfg: cfg, ports: map[model.ServicePortName]renderedPort{},
-		claims: map[FrontendKey][]model.ServicePortName{}, out: map[FrontendKey]Frontend{}}
+		claims: map[FrontendKey]claim{}, out: map[FrontendKey]Frontend{}}
 }
 
 // Update returns what Render(st) returns (the renderer's own map: do not
@@ -330,19 +350,25 @@ func (r *Renderer) Update(st model.State) (map[FrontendKey]Frontend, map[Fronten
 	}
 	// A port renders from itself alone: many (a first sync) render on
 	// every CPU, then join the claims in turn.
-	fronts := make([]map[FrontendKey]Frontend, len(names))
+	fronts := make([]portFrontends, len(names))
 	model.Parallel(len(names), func(i int) {
 		if sp := st.Ports[names[i]]; sp != nil && !r.rendered(names[i], st) {
 			fronts[i] = renderPort(r.cfg, sp, st.Endpoints[names[i]])
 		}
 	})
-	dirty := map[FrontendKey]bool{}
+	if len(r.ports) == 0 && len(r.out) == 0 {
+		// A first render: the maps get their size at once (a port has
+		// a frontend or more) rather than by doubling.
+		r.ports, r.claims, r.out = make(map[model.ServicePortName]renderedPort, len(names)),
+			make(map[FrontendKey]claim, len(names)), make(map[FrontendKey]Frontend, len(names))
+	}
+	dirty := make(map[FrontendKey]bool, min(len(names), len(st.Ports)))
 	for i, name := range names {
 		r.port(name, st, fronts[i], dirty)
 	}
 	for k := range dirty {
-		if c := r.claims[k]; len(c) > 0 {
-			r.out[k] = r.ports[c[0]].fronts[k]
+		if c, ok := r.claims[k]; ok {
+			r.out[k], _ = r.ports[c.first].fronts.get(k)
 		} else {
 			delete(r.out, k)
 		}
@@ -359,7 +385,7 @@ func (r *Renderer) rendered(name model.ServicePortName, st model.State) bool {
 // port puts the port name as st has it, whose frontends are fronts, in
 // place of what was rendered (or withdraws it) unless that is what was
 // rendered, marking the keys that may change.
-func (r *Renderer) port(name model.ServicePortName, st model.State, fronts map[FrontendKey]Frontend, dirty map[FrontendKey]bool) {
+func (r *Renderer) port(name model.ServicePortName, st model.State, fronts portFrontends, dirty map[FrontendKey]bool) {
 	if r.rendered(name, st) {
 		return
 	}
@@ -374,24 +400,50 @@ func (r *Renderer) port(name model.ServicePortName, st model.State, fronts map[F
 	}
 	rp = renderedPort{sp: sp, eps: eps, fronts: fronts}
 	r.ports[name] = rp
-	for k := range rp.fronts {
-		c := append(r.claims[k], name)
-		slices.SortFunc(c, compareNames)
-		r.claims[k] = c
-		dirty[k] = true
+	for _, pf := range rp.fronts {
+		c, ok := r.claims[pf.key]
+		if !ok {
+			c = claim{first: name}
+		} else {
+			c = c.with(name)
+		}
+		r.claims[pf.key] = c
+		dirty[pf.key] = true
 	}
+}
+
+// claim names the ports rendering a key, in name order: first, then the
+// others (nearly always none: most keys take no slice).
+type claim struct {
+	first model.ServicePortName
+	more  []model.ServicePortName
+}
+
+// with returns c with name added.
+func (c claim) with(name model.ServicePortName) claim {
+	all := append([]model.ServicePortName{c.first, name}, c.more...)
+	slices.SortFunc(all, compareNames)
+	return claim{first: all[0], more: all[1:]}
+}
+
+// without returns c without name; ok is false when no port is left.
+func (c claim) without(name model.ServicePortName) (rest claim, ok bool) {
+	if len(c.more) == 0 {
+		return c, c.first != name
+	}
+	all := slices.DeleteFunc(append([]model.ServicePortName{c.first}, c.more...), func(n model.ServicePortName) bool { return n == name })
+	return claim{first: all[0], more: all[1:]}, true
 }
 
 // drop withdraws a port's claims.
 func (r *Renderer) drop(name model.ServicePortName, rp renderedPort, dirty map[FrontendKey]bool) {
-	for k := range rp.fronts {
-		c := slices.DeleteFunc(r.claims[k], func(n model.ServicePortName) bool { return n == name })
-		if len(c) == 0 {
-			delete(r.claims, k)
+	for _, pf := range rp.fronts {
+		if c, ok := r.claims[pf.key].without(name); ok {
+			r.claims[pf.key] = c
 		} else {
-			r.claims[k] = c
+			delete(r.claims, pf.key)
 		}
-		dirty[k] = true
+		dirty[pf.key] = true
 	}
 }
 

@@ -118,9 +118,18 @@ func fromWords(w [4]uint32) netip.Addr {
 }
 
 // htons gives the value whose bytes in memory are p in network order.
-func htons(p uint16) uint16 { return binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, p)) }
+// (It allocates nothing: it runs for every backend of a first sync.)
+func htons(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
 
-func ntohs(p uint16) uint16 { return binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, p)) }
+func ntohs(p uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], p)
+	return binary.BigEndian.Uint16(b[:])
+}
 
 // setMaglev writes a new Maglev table for frontend svc (ids are the ids
 // of backends) and swaps it in whole: a reader sees the old table or the
