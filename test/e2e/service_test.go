@@ -207,9 +207,11 @@ func services(t *testing.T, c *cluster) {
 			r, err = c.fetch(c.node("ext").NSPath(), "http://"+c.node(n).IP.String()+":30080/")
 		}
 		// SNAT picks the address of the way out: the underlay address towards
-		// a remote endpoint, the bridge's (the podCIDR's gateway) to a local one.
-		gw := netip.MustParsePrefix(podCIDR(t, c, n)).Addr().Next().String()
-		if r.Client != c.node(n).IP.String() && r.Client != gw {
+		// a remote endpoint (over VXLAN, the tunnel device's: the podCIDR's
+		// first), the bridge's (the podCIDR's gateway) to a local one.
+		cidr := netip.MustParsePrefix(podCIDR(t, c, n))
+		gw, vxlan := cidr.Addr().Next().String(), cidr.Addr().String()
+		if r.Client != c.node(n).IP.String() && r.Client != gw && r.Client != vxlan {
 			t.Fatalf("NodePort on %s: %s saw %s, want one of %s's addresses", n, r.Pod, r.Client, n)
 		}
 	}
