@@ -212,3 +212,26 @@ func xdpStats(m *ebpf.Map) (map[string]uint64, error) {
 	}
 	return out, nil
 }
+
+// XDPModes returns the hook each uplink's external traffic is translated
+// at: native, generic, or tc (weft_ebpf_xdp_mode).
+func (b *Backend) XDPModes() map[string]string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]string{}
+	for d, a := range b.xdp {
+		out[d] = a.mode
+	}
+	return out
+}
+
+// XDPStats returns weft_nodeport_xdp's packets per action: translated,
+// dropped, handoff (weft_ebpf_xdp_packets_total).
+func (b *Backend) XDPStats() (map[string]uint64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.np == nil {
+		return nil, errors.New("not started")
+	}
+	return xdpStats(b.np.WeftXdpStats)
+}
