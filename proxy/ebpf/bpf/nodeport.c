@@ -11,6 +11,11 @@
 // it). For eTP Cluster (SVC_SNAT) the program sets the masquerade bit of
 // skb->mark (masq_mark); one constant rule of weft's in nat POSTROUTING
 // masquerades such packets, and conntrack undoes that on the replies.
+// With --bpf-xdp, weft_nodeport_xdp (xdp.h) runs ahead of weft_nodeport
+// at the XDP hook of the uplinks and does the same translation there on
+// the same maps (flow.h holds the steps both use); weft_nodeport then sets
+// the masquerade bit it asks for in the packet's metadata, and does what
+// it leaves alone (DSR among it).
 // weft_reply runs on the egress of the uplinks, after conntrack: a reply
 // of a translated flow (backend -> client) gets its source translated back
 // to the frontend.
