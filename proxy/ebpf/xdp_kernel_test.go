@@ -1,10 +1,17 @@
 package ebpf_test
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/weftnet/weft/proxy"
 	weftebpf "github.com/weftnet/weft/proxy/ebpf"
@@ -112,5 +119,67 @@ func TestXDPFlag(t *testing.T) {
 	}
 	if err := weftebpf.CheckXDPMode("driver"); err == nil || !strings.Contains(err.Error(), "--bpf-xdp") {
 		t.Fatalf("driver: %v, want an error naming --bpf-xdp", err)
+	}
+}
+
+// TestXDPModeSwitch: an outside client's TCP connection to an eTP Cluster
+// NodePort keeps working while the proxy restarts in native XDP, generic
+// XDP, off (tc only) and native again: the flow's state is the one both
+// hooks use. After each restart the uplink runs the program in the mode
+// asked for (the other mode's link removed) or none, and in the XDP modes
+// the new program translated the connection's packets.
+func TestXDPModeSwitch(t *testing.T) {
+	n := proxytest.NewNode(t, xdpBackend(weftebpf.XDPNative), "a")
+	n.Svcs = []*corev1.Service{proxytest.Service("echo", "10.96.0.50", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[1].NodePort = 30181
+	})}
+	n.Slices = []*discoveryv1.EndpointSlice{proxytest.Slice("echo", n.Local("a"))}
+	n.Sync()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := backend.OutsideDialer(n.Ext)(ctx, "tcp", proxytest.NodeIP+":30181")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	talk := func(msg string) {
+		t.Helper()
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintln(conn, msg)
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatalf("%s: %v", msg, err)
+		}
+	}
+	attach := map[string]uint32{weftebpf.XDPNative: nl.XDP_ATTACHED_DRV, weftebpf.XDPGeneric: nl.XDP_ATTACHED_SKB, weftebpf.XDPOff: nl.XDP_ATTACHED_NONE}
+	for i, mode := range []string{weftebpf.XDPNative, weftebpf.XDPGeneric, weftebpf.XDPOff, weftebpf.XDPNative} {
+		if i > 0 {
+			// A restart: the old process's links and maps close, what is
+			// pinned stays.
+			n.Backend.(*weftebpf.Backend).Close()
+			n.Config.BPFXDP = mode
+			n.Backend = n.NewBackend()
+			n.Sync()
+		}
+		talk("in " + mode)
+		l, err := netlink.LinkByName(proxytest.Uplink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := uint32(nl.XDP_ATTACHED_NONE)
+		if l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached {
+			got = l.Attrs().Xdp.AttachMode
+		}
+		if got != attach[mode] {
+			t.Fatalf("--bpf-xdp %s: the uplink's XDP attach mode is %d, want %d", mode, got, attach[mode])
+		}
+		st, err := n.Backend.(*weftebpf.Backend).XDPStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (st["translated"] > 0) != (mode != weftebpf.XDPOff) {
+			t.Fatalf("--bpf-xdp %s: XDP counters %v", mode, st)
+		}
 	}
 }
