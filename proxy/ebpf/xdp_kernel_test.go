@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	corev1 "k8s.io/api/core/v1"
@@ -181,5 +183,48 @@ func TestXDPModeSwitch(t *testing.T) {
 		if (st["translated"] > 0) != (mode != weftebpf.XDPOff) {
 			t.Fatalf("--bpf-xdp %s: XDP counters %v", mode, st)
 		}
+	}
+}
+
+// TestXDPReattach: the XDP program detached behind weft's back shows as
+// detached (weft_ebpf_program_attached{hook="xdp:<uplink>"} 0); the next
+// sync attaches it again, counts it, and it translates again.
+func TestXDPReattach(t *testing.T) {
+	n := proxytest.NewNode(t, xdpBackend(weftebpf.XDPNative), "a", "b", "c")
+	n.Svcs, n.Slices = proxytest.Scenario()
+	n.Sync()
+	b := n.Backend.(*weftebpf.Backend)
+	hook := "xdp:" + proxytest.Uplink
+	if v, ok := metricValue(t, b, "weft_ebpf_program_attached", "hook", hook); !ok || v != 1 {
+		t.Fatalf("after the first sync: weft_ebpf_program_attached{hook=%s} %v (present %v), want 1", hook, v, ok)
+	}
+	up, err := netlink.LinkByName(proxytest.Uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := link.LoadPinnedLink(filepath.Join(envs[t].pin, fmt.Sprintf("xdp_native_%d", up.Attrs().Index)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.(interface{ Detach() error }).Detach(); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Close()
+	if v, _ := metricValue(t, b, "weft_ebpf_program_attached", "hook", hook); v != 0 {
+		t.Fatalf("detached: weft_ebpf_program_attached %v, want 0", v)
+	}
+	n.Sync()
+	if v, _ := metricValue(t, b, "weft_ebpf_program_attached", "hook", hook); v != 1 {
+		t.Errorf("after the next sync: weft_ebpf_program_attached %v, want 1", v)
+	}
+	if v, _ := metricValue(t, b, "weft_ebpf_program_reattached_total", "hook", hook); v != 1 {
+		t.Errorf("weft_ebpf_program_reattached_total %v, want 1", v)
+	}
+	before, _ := b.XDPStats()
+	if r, err := n.GetOutside("", "http://"+proxytest.NodeIP+":30081/"); err != nil || r.Pod != "c" {
+		t.Fatalf("eTP Local after the next sync: %+v %v", r, err)
+	}
+	if after, _ := b.XDPStats(); after["translated"] <= before["translated"] {
+		t.Fatalf("XDP translated nothing after the next sync (%v, then %v)", before, after)
 	}
 }
