@@ -56,6 +56,9 @@ type Config struct {
 	// eBPF mode: how flows from outside reach backends of other nodes
 	// (--bpf-lb-mode: snat, dsr or hybrid; "" is snat).
 	BPFLBMode string
+	// BPFXDP: where the eBPF mode translates external traffic ahead of
+	// tc (--bpf-xdp: off, auto, native, generic; "" is off).
+	BPFXDP string
 	// Userspace mode: its own settings (Listen set: rootless); the node's
 	// (names, addresses, families, cluster CIDRs, iptables variant, log)
 	// come from the fields above.
@@ -309,7 +312,7 @@ func ebpfConfig(c Config, cgroupRoot string) ebpf.Config {
 	}
 	return ebpf.Config{NodeName: c.NodeName, Zone: c.Zone, NodePortIPs: c.NodePortIPs(), CgroupRoot: cgroupRoot, PinPath: pin,
 		Devices: c.BPFDevices, Families: c.Families(), MasqueradeBit: c.MasqueradeBit, IPTablesVariant: c.IPTablesVariant,
-		CTMax: c.BPFCTMax, LBMax: c.BPFLBMax, LBMode: c.BPFLBMode, Log: c.Log}
+		CTMax: c.BPFCTMax, LBMax: c.BPFLBMax, LBMode: c.BPFLBMode, XDP: c.BPFXDP, Log: c.Log}
 }
 
 // ebpfFlows are the TCP connections the eBPF backend translated to gone

@@ -100,6 +100,7 @@ func main() {
 	flag.Var(&px.bpfDevices, "bpf-devices", "ebpf proxy mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
 	flag.IntVar(&px.bpfCTMax, "bpf-ct-max", 0, "ebpf proxy mode: entries of each conntrack map of the traffic from outside and of each flow map of the socket programs (0: a quarter percent of the node's memory, at least 65536)")
 	flag.IntVar(&px.bpfLBMax, "bpf-lb-map-max", 0, "ebpf proxy mode: entries of the services map (frontends and their backend slots); the backends, affinity members and source ranges maps get half of it, the Maglev map a 64th (0: one per 4 KiB of the node's memory, 524288 to 4194304); a sync whose Services do not fit fails and writes nothing")
+	flag.StringVar(&px.bpfXDP, "bpf-xdp", ebpf.XDPOff, "ebpf proxy mode: translate external traffic (NodePorts, externalIPs, LoadBalancer IPs) at the XDP hook of the uplinks, ahead of tc: off, auto (native where the driver supports it, tc elsewhere), native (a device without native XDP is an error), generic (the kernel's generic XDP, on any device)")
 	flag.StringVar(&px.bpfLBMode, "bpf-lb-mode", ebpf.LBModeSNAT, "ebpf proxy mode: external traffic (eTP Cluster) to a backend of another node: snat (the node masquerades it, replies come back through it), dsr (IPv4: the backend's node answers the client directly, the backend sees the client's address; UDP needs 8 bytes of MTU headroom; the VXLAN device's rp_filter is set loose), hybrid (dsr for TCP, snat for UDP)")
 	flag.Var(&px.nodeIPs, "node-ip", "this node's addresses, repeatable or comma-separated (NodePorts answer on them; default $NODE_IP)")
 	flag.Var(&px.nodePortAddrs, "nodeport-addresses", "CIDRs selecting the node IPs NodePorts answer on (default: every --node-ip)")
@@ -142,6 +143,7 @@ type proxyFlags struct {
 	bpfCTMax      int
 	bpfLBMax      int
 	bpfLBMode     string
+	bpfXDP        string
 	ipvsScheduler string
 }
 
@@ -150,7 +152,7 @@ func (f proxyFlags) config(node, zone string, cidrs []netip.Prefix, log *slog.Lo
 	return proxy.Config{Mode: f.mode, NodeName: node, Zone: zone, ClusterCIDRs: cidrs, MasqueradeAll: f.masqAll,
 		NodeIPs: f.nodeIPs, NodePortAddresses: f.nodePortAddrs,
 		MinSyncPeriod: f.minSync, HealthCheckPorts: true, Log: log.With("component", "proxy"),
-		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, BPFLBMax: f.bpfLBMax, BPFLBMode: f.bpfLBMode, IPVSScheduler: f.ipvsScheduler}
+		CgroupRoot: f.cgroupRoot, BPFPinPath: f.bpfPinPath, BPFDevices: f.bpfDevices, BPFCTMax: f.bpfCTMax, BPFLBMax: f.bpfLBMax, BPFLBMode: f.bpfLBMode, BPFXDP: f.bpfXDP, IPVSScheduler: f.ipvsScheduler}
 }
 
 // nodeZone is the node's topology.kubernetes.io/zone label, which the
@@ -221,6 +223,9 @@ func run(log *slog.Logger, f agentFlags, px proxyFlags) error {
 		return err
 	}
 	if err := ebpf.CheckLBMode(px.bpfLBMode); err != nil {
+		return err
+	}
+	if err := ebpf.CheckXDPMode(px.bpfXDP); err != nil {
 		return err
 	}
 	if f.dataplane != agent.DataplaneIPTables && f.dataplane != agent.DataplaneNFTables {

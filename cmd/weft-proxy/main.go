@@ -44,7 +44,7 @@ type flags struct {
 	clusterCIDRs, nodePortAddrs                      cliflag.Prefixes
 	bpfDevices                                       cliflag.Names
 	bpfCTMax, bpfLBMax                               int
-	bpfLBMode                                        string
+	bpfLBMode, bpfXDP                                string
 	masqAll, dryRun, cleanup, dump                   bool
 	masqBit                                          int
 	minSync, sync                                    time.Duration
@@ -67,6 +67,7 @@ func main() {
 	flag.StringVar(&f.cgroupRoot, "cgroup-root", "", "ebpf mode: cgroup v2 directory the socket programs attach to (default: the cgroup v2 mount)")
 	flag.StringVar(&f.bpfPinPath, "bpf-pin-path", ebpf.DefaultPinPath, "ebpf mode: bpffs directory for weft's pinned maps and links")
 	flag.StringVar(&f.bpfLBMode, "bpf-lb-mode", ebpf.LBModeSNAT, "ebpf mode: external traffic (eTP Cluster) to a backend of another node: snat (the node masquerades it, replies come back through it), dsr (IPv4: the backend's node answers the client directly, the backend sees the client's address; UDP needs 8 bytes of MTU headroom), hybrid (dsr for TCP, snat for UDP)")
+	flag.StringVar(&f.bpfXDP, "bpf-xdp", ebpf.XDPOff, "ebpf mode: translate external traffic (NodePorts, externalIPs, LoadBalancer IPs) at the XDP hook of the uplinks, ahead of tc: off, auto (native where the driver supports it, tc elsewhere), native (a device without native XDP is an error), generic (the kernel's generic XDP, on any device)")
 	flag.Var(&f.bpfDevices, "bpf-devices", "ebpf mode: uplinks for traffic from outside the node, repeatable or comma-separated (default: the links holding the node IPs)")
 	flag.IntVar(&f.bpfCTMax, "bpf-ct-max", 0, "ebpf mode: entries of each conntrack map of the traffic from outside and of each flow map of the socket programs (0: a quarter percent of the node's memory, at least 65536)")
 	flag.IntVar(&f.bpfLBMax, "bpf-lb-map-max", 0, "ebpf mode: entries of the services map (frontends and their backend slots); the backends, affinity members and source ranges maps get half of it, the Maglev map a 64th (0: one per 4 KiB of the node's memory, 524288 to 4194304); a sync whose Services do not fit fails and writes nothing")
@@ -103,6 +104,10 @@ func parseConfig(f flags, log *slog.Logger) (proxy.Config, error) {
 		return c, err
 	}
 	c.BPFLBMode = f.bpfLBMode
+	if err := ebpf.CheckXDPMode(f.bpfXDP); err != nil {
+		return c, err
+	}
+	c.BPFXDP = f.bpfXDP
 	if f.mode != "userspace" {
 		if f.usListen != "" || f.usGlue != "" {
 			return c, fmt.Errorf("--userspace-listen and --userspace-glue need --mode userspace")

@@ -57,7 +57,9 @@ type Backend struct {
 	// side of each.
 	uplinks []string
 	tc      map[tcHook]tcAttached
-	ipt     iptables.Exec
+	// xdp: each uplink's XDP program (--bpf-xdp; xdp.go).
+	xdp map[string]xdpAttached
+	ipt iptables.Exec
 	// udp terminates connected UDP sockets of removed backends; nil where
 	// the kernel cannot (weft_ebpf_udp_socket_termination_available 0).
 	udp *udpTerminator
@@ -117,6 +119,9 @@ func New(cfg Config) (*Backend, error) {
 	if err := CheckLBMode(cfg.LBMode); err != nil {
 		return nil, err
 	}
+	if err := CheckXDPMode(cfg.XDP); err != nil {
+		return nil, err
+	}
 	if err := Probe(cfg); err != nil {
 		return nil, err
 	}
@@ -143,7 +148,7 @@ func newBackend(cfg Config) *Backend {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant},
+	return &Backend{cfg: cfg, r: NewRenderer(cfg), tc: map[tcHook]tcAttached{}, xdp: map[string]xdpAttached{}, ipt: iptables.Exec{Variant: cfg.IPTablesVariant},
 		reattached: map[string]int{}, lbWarned: map[string]bool{}}
 }
 
@@ -246,9 +251,15 @@ func (b *Backend) Sync(st model.State, full bool) error {
 	if err := b.attachDevices(); err != nil {
 		return fmt.Errorf("attaching the per-packet programs: %w", err)
 	}
+	if err := b.attachXDP(); err != nil {
+		return fmt.Errorf("attaching the XDP program: %w", err)
+	}
 	if first {
 		if err := b.dropStaleTC(); err != nil {
 			return fmt.Errorf("removing per-packet programs from devices that no longer run one: %w", err)
+		}
+		if err := b.dropStaleXDP(); err != nil {
+			return fmt.Errorf("removing XDP programs from devices that no longer run one: %w", err)
 		}
 	}
 	if b.fresh {
@@ -574,6 +585,12 @@ func (b *Backend) release() {
 		}
 	}
 	b.tc = map[tcHook]tcAttached{}
+	for _, a := range b.xdp {
+		if a.link != nil {
+			_ = a.link.Close()
+		}
+	}
+	b.xdp = map[string]xdpAttached{}
 	if b.stopWatch != nil {
 		close(b.stopWatch)
 		b.stopWatch = nil
@@ -608,6 +625,9 @@ func (b *Backend) Cleanup() error {
 	// Every device: weft's pinned tcx links and its cls_bpf filters
 	// (other programs and filters stay, and so does a clsact qdisc).
 	if err := removeTC(b.cfg.PinPath, func(int, bool) bool { return false }); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeXDP(b.cfg.PinPath, func(string) bool { return false }); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeMasq(b.ipt, b.cfg.Families); err != nil {

@@ -307,11 +307,37 @@ func TestDSRRealTraffic(t *testing.T) {
 		if vxlan {
 			name = "vxlan"
 		}
-		t.Run(name, func(t *testing.T) { dsrRealTraffic(t, vxlan) })
+		t.Run(name, func(t *testing.T) { dsrRealTraffic(t, vxlan, 0) })
+	}
+	// With weft_nodeport_xdp on both nodes' LAN links (--bpf-xdp): it
+	// leaves the DSR flows to tc (bpf/xdp.h), which must make no
+	// difference to them.
+	for name, mode := range map[string]link.XDPAttachFlags{"host-gw-xdp-native": link.XDPDriverMode, "host-gw-xdp-generic": link.XDPGenericMode} {
+		t.Run(name, func(t *testing.T) { dsrRealTraffic(t, false, mode) })
 	}
 }
 
-func dsrRealTraffic(t *testing.T, vxlan bool) {
+// attachXDP attaches prog to dev in the namespace at ns in mode until the
+// test ends.
+func attachXDP(t *testing.T, ns, dev string, mode link.XDPAttachFlags, prog *ebpf.Program) {
+	t.Helper()
+	inNS(t, ns, func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		lk, err := link.AttachXDP(link.XDPOptions{Interface: l.Attrs().Index, Program: prog, Flags: mode})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { _ = lk.Close() })
+		return nil
+	})
+}
+
+// dsrRealTraffic runs the test; xdp, when not 0, is the XDP mode
+// weft_nodeport_xdp runs in on both nodes' LAN links.
+func dsrRealTraffic(t *testing.T, vxlan bool, xdp link.XDPAttachFlags) {
 	n1 := newTCEnv(t)
 	n2 := newTCEnv(t)
 	lab := newDSRLab(t, vxlan)
@@ -325,6 +351,10 @@ func dsrRealTraffic(t *testing.T, vxlan bool) {
 	attachTCX(t, lab.node1, "eth0", true, n1.objs.WeftReply)
 	attachTCX(t, lab.node2, "eth0", false, n2.objs.WeftNodeport)
 	attachTCX(t, lab.node2, "eth0", true, n2.objs.WeftReply)
+	if xdp != 0 {
+		attachXDP(t, lab.node1, "eth0", xdp, n1.objs.WeftNodeportXdp)
+		attachXDP(t, lab.node2, "eth0", xdp, n2.objs.WeftNodeportXdp)
+	}
 	if vxlan {
 		// As the proxy does on a node with the VXLAN device: the receive
 		// side on its ingress, its reverse-path filter loose. Strict (1)
@@ -421,5 +451,14 @@ func dsrRealTraffic(t *testing.T, vxlan bool) {
 		t.Fatal(err)
 	} else if n != 0 {
 		t.Errorf("node1 counted %d DSR fallbacks", n)
+	}
+	if xdp != 0 {
+		st, err := xdpStats(n1.objs.WeftXdpStats)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st["handoff"] < uint64(in) || st["translated"] != 0 {
+			t.Errorf("node1's XDP program: %v; want the %d packets of the DSR flows handed to tc, none translated", st, in)
+		}
 	}
 }

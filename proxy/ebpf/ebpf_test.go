@@ -59,6 +59,24 @@ func TestScenariosDSR(t *testing.T) {
 	proxytest.Run(t, dsr)
 }
 
+// TestScenariosXDP runs the whole table with weft_nodeport_xdp on the
+// uplinks: generic XDP, and auto (native XDP on the plain uplink, a veth;
+// the tc path on a VLAN uplink, whose device has no native XDP): the
+// translation at XDP must change nothing the clients and backends see.
+// (That XDP, not tc, translated the flows is TestXDPRealTraffic's.)
+func TestScenariosXDP(t *testing.T) {
+	for _, mode := range []string{"generic", "auto"} {
+		t.Run(mode, func(t *testing.T) {
+			x := backend
+			x.Setup = func(t *testing.T, c *proxy.Config) {
+				setup(t, c)
+				c.BPFXDP = mode
+			}
+			proxytest.Run(t, x)
+		})
+	}
+}
+
 // env is what setup made for one test.
 type env struct {
 	cgroup string // the cgroup the test process runs in, programs attach to

@@ -11,8 +11,8 @@ import (
 
 // Programs can leave their hooks behind weft's back: a cgroup link is
 // detached when its cgroup is removed or someone detaches the link
-// (BPF_LINK_DETACH), a tcx link when its device goes, a cls_bpf filter
-// when someone deletes it. Each sync checks every program weft attached
+// (BPF_LINK_DETACH), a tcx or XDP link when its device goes, a cls_bpf
+// filter when someone deletes it. Each sync checks every program weft attached
 // and attaches the missing ones again, counting them
 // (weft_ebpf_program_reattached_total).
 
@@ -53,6 +53,23 @@ func (a tcAttached) attached(egress bool) bool {
 	}
 	return false
 }
+
+// attached reports whether a's XDP link still holds its program on its
+// device (a device without XDP, mode tc, has nothing to lose).
+func (a xdpAttached) attached() bool {
+	if a.link == nil {
+		return true
+	}
+	info, err := a.link.Info()
+	if err != nil {
+		return false
+	}
+	x := info.XDP()
+	return x != nil && int(x.Ifindex) == a.ifindex
+}
+
+// xdpHookName names a device's XDP hook in metrics: "xdp:<device>".
+func xdpHookName(device string) string { return "xdp:" + device }
 
 // String names a device side in metrics: "tc:<device>:ingress".
 func (h tcHook) String() string {
@@ -97,6 +114,15 @@ func (b *Backend) reattach() error {
 		delete(b.tc, h)
 		b.reattached[h.String()]++
 	}
+	for d, a := range b.xdp {
+		if a.attached() {
+			continue
+		}
+		_ = a.link.Unpin()
+		_ = a.link.Close()
+		delete(b.xdp, d)
+		b.reattached[xdpHookName(d)]++
+	}
 	return errors.Join(errs...)
 }
 
@@ -111,6 +137,11 @@ func (b *Backend) attachments() map[string]bool {
 	}
 	for h, a := range b.tc {
 		out[h.String()] = a.attached(h.egress)
+	}
+	for d, a := range b.xdp {
+		if a.link != nil {
+			out[xdpHookName(d)] = a.attached()
+		}
 	}
 	return out
 }

@@ -37,6 +37,11 @@ import (
 //   - weft_ebpf_dsr_fallbacks_total: packets of direct-server-return
 //     frontends the program could not route itself (bpf/nodeport.c), and
 //     weft_ebpf_lb_mode{mode} 1 for the --bpf-lb-mode running.
+//   - weft_ebpf_xdp_mode{device,mode} 1 for the hook each uplink's
+//     external traffic is translated at (--bpf-xdp): native, generic, or
+//     tc where XDP is off or could not attach (auto); and
+//     weft_ebpf_xdp_packets_total{action}: packets weft_nodeport_xdp
+//     translated, dropped, or handed off to the tc program untouched.
 //   - weft_ebpf_udp_sockets_terminated_total: connected UDP sockets
 //     destroyed because their backend left the Service, and
 //     weft_ebpf_udp_socket_termination_available (0 on a kernel without
@@ -62,6 +67,10 @@ var (
 		"Packets of direct-server-return frontends the per-packet program could not route to the backend's node itself: new flows masqueraded instead, later packets passed to the stack.", nil, nil)
 	descLBMode = prometheus.NewDesc("weft_ebpf_lb_mode",
 		"1 for the load balancing mode of external traffic to backends of other nodes (--bpf-lb-mode).", []string{"mode"}, nil)
+	descXDPMode = prometheus.NewDesc("weft_ebpf_xdp_mode",
+		"1 for the hook an uplink's external traffic is translated at: native or generic XDP, or tc (--bpf-xdp off, or auto on a driver without native XDP).", []string{"device", "mode"}, nil)
+	descXDPPackets = prometheus.NewDesc("weft_ebpf_xdp_packets_total",
+		"Packets of external frontends the XDP program translated, dropped, or handed off untouched to the tc program (DSR, masquerade without XDP metadata).", []string{"action"}, nil)
 	descCTFailures = prometheus.NewDesc("weft_ebpf_ct_insert_failures_total",
 		"New flows from outside dropped because their conntrack entries could not be written", nil, nil)
 )
@@ -77,7 +86,7 @@ type lruCount struct {
 
 // Describe implements prometheus.Collector.
 func (b *Backend) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descMemory, descNeeded, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures, descDSRFallbacks, descLBMode} {
+	for _, d := range []*prometheus.Desc{descEntries, descMaxEntries, descMemory, descNeeded, descAttached, descReattached, descTerminated, descTermAvailable, descCTFailures, descDSRFallbacks, descLBMode, descXDPMode, descXDPPackets} {
 		ch <- d
 	}
 }
@@ -111,6 +120,14 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDSRFallbacks, prometheus.CounterValue, float64(n))
 	}
 	gauge(descLBMode, 1, b.cfg.lbMode())
+	for d, a := range b.xdp {
+		gauge(descXDPMode, 1, d, a.mode)
+	}
+	if st, err := xdpStats(b.np.WeftXdpStats); err == nil {
+		for action, n := range st {
+			ch <- prometheus.MustNewConstMetric(descXDPPackets, prometheus.CounterValue, float64(n), action)
+		}
+	}
 	for hook, ok := range b.attachments() {
 		gauge(descAttached, boolValue(ok), hook)
 	}

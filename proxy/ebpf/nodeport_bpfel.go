@@ -115,8 +115,10 @@ const (
 	nodeportMapWeftNoDsr           = "weft_no_dsr"
 	nodeportMapWeftServices        = "weft_services"
 	nodeportMapWeftSrcRanges       = "weft_src_ranges"
+	nodeportMapWeftXdpStats        = "weft_xdp_stats"
 	nodeportProgWeftNodeport       = "weft_nodeport"
 	nodeportProgWeftNodeportPort   = "weft_nodeport_port"
+	nodeportProgWeftNodeportXdp    = "weft_nodeport_xdp"
 	nodeportProgWeftReply          = "weft_reply"
 	nodeportVarMasqMark            = "masq_mark"
 )
@@ -165,6 +167,7 @@ type nodeportSpecs struct {
 type nodeportProgramSpecs struct {
 	WeftNodeport     *ebpf.ProgramSpec `ebpf:"weft_nodeport"`
 	WeftNodeportPort *ebpf.ProgramSpec `ebpf:"weft_nodeport_port"`
+	WeftNodeportXdp  *ebpf.ProgramSpec `ebpf:"weft_nodeport_xdp"`
 	WeftReply        *ebpf.ProgramSpec `ebpf:"weft_reply"`
 }
 
@@ -184,6 +187,7 @@ type nodeportMapSpecs struct {
 	WeftNoDsr           *ebpf.MapSpec `ebpf:"weft_no_dsr"`
 	WeftServices        *ebpf.MapSpec `ebpf:"weft_services"`
 	WeftSrcRanges       *ebpf.MapSpec `ebpf:"weft_src_ranges"`
+	WeftXdpStats        *ebpf.MapSpec `ebpf:"weft_xdp_stats"`
 }
 
 // nodeportVariableSpecs contains global variables before they are loaded into the kernel.
@@ -225,6 +229,7 @@ type nodeportMaps struct {
 	WeftNoDsr           *ebpf.Map `ebpf:"weft_no_dsr"`
 	WeftServices        *ebpf.Map `ebpf:"weft_services"`
 	WeftSrcRanges       *ebpf.Map `ebpf:"weft_src_ranges"`
+	WeftXdpStats        *ebpf.Map `ebpf:"weft_xdp_stats"`
 }
 
 func (m *nodeportMaps) Close() error {
@@ -241,6 +246,7 @@ func (m *nodeportMaps) Close() error {
 		m.WeftNoDsr,
 		m.WeftServices,
 		m.WeftSrcRanges,
+		m.WeftXdpStats,
 	)
 }
 
@@ -257,6 +263,7 @@ type nodeportVariables struct {
 type nodeportPrograms struct {
 	WeftNodeport     *ebpf.Program `ebpf:"weft_nodeport"`
 	WeftNodeportPort *ebpf.Program `ebpf:"weft_nodeport_port"`
+	WeftNodeportXdp  *ebpf.Program `ebpf:"weft_nodeport_xdp"`
 	WeftReply        *ebpf.Program `ebpf:"weft_reply"`
 }
 
@@ -264,6 +271,7 @@ func (p *nodeportPrograms) Close() error {
 	return _NodeportClose(
 		p.WeftNodeport,
 		p.WeftNodeportPort,
+		p.WeftNodeportXdp,
 		p.WeftReply,
 	)
 }

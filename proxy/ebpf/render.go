@@ -48,6 +48,9 @@ type Config struct {
 	// LBMode is how flows from outside reach a backend of another node
 	// (--bpf-lb-mode): LBModeSNAT (""), LBModeDSR or LBModeHybrid.
 	LBMode string
+	// XDP is where external frontends are translated ahead of tc
+	// (--bpf-xdp): XDPOff (""), XDPAuto, XDPNative or XDPGeneric.
+	XDP string
 	// TunnelDevice is the VXLAN device DSR packets of other nodes arrive
 	// on decapsulated (the receive side runs on its ingress when it
 	// exists; "": routing.DefaultDevice).
