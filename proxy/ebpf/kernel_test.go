@@ -1,7 +1,6 @@
 package ebpf_test
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -662,16 +661,8 @@ func TestHandOverToAnotherMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pod.Close()
-	podEcho := bufio.NewReader(pod)
-	talk := func(msg string) error {
-		_ = pod.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := fmt.Fprintln(pod, msg); err != nil {
-			return err
-		}
-		_, err := podEcho.ReadString('\n')
-		return err
-	}
-	if err := talk("hello"); err != nil {
+	echo := proxytest.NewEcho(pod)
+	if err := echo.Say("hello"); err != nil {
 		t.Fatalf("from a pod, under ebpf: %v", err)
 	}
 
@@ -694,7 +685,7 @@ func TestHandOverToAnotherMode(t *testing.T) {
 	if _, err := outsideEcho(n.Ext, outsideAddr, "after the hand-over"); err != nil {
 		t.Errorf("from outside, after the hand-over: %v", err)
 	}
-	if err := talk("after the hand-over"); err != nil {
+	if err := echo.Say("after the hand-over"); err != nil {
 		t.Errorf("from a pod, after the hand-over: %v", err)
 	}
 	if _, err := outsideGet(n.Ext, "", "http://"+proxytest.NodeIP+":30080/"); err != nil {

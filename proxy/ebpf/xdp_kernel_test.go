@@ -1,7 +1,6 @@
 package ebpf_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -145,15 +144,7 @@ func TestXDPModeSwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	r := bufio.NewReader(conn)
-	talk := func(msg string) {
-		t.Helper()
-		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-		fmt.Fprintln(conn, msg)
-		if _, err := r.ReadString('\n'); err != nil {
-			t.Fatalf("%s: %v", msg, err)
-		}
-	}
+	echo := proxytest.NewEcho(conn)
 	attach := map[string]uint32{weftebpf.XDPNative: nl.XDP_ATTACHED_DRV, weftebpf.XDPGeneric: nl.XDP_ATTACHED_SKB, weftebpf.XDPOff: nl.XDP_ATTACHED_NONE}
 	for i, mode := range []string{weftebpf.XDPNative, weftebpf.XDPGeneric, weftebpf.XDPOff, weftebpf.XDPNative} {
 		if i > 0 {
@@ -164,7 +155,9 @@ func TestXDPModeSwitch(t *testing.T) {
 			n.Backend = n.NewBackend()
 			n.Sync()
 		}
-		talk("in " + mode)
+		if err := echo.Say("in " + mode); err != nil {
+			t.Fatalf("in %s: %v", mode, err)
+		}
 		l, err := netlink.LinkByName(proxytest.Uplink)
 		if err != nil {
 			t.Fatal(err)

@@ -1,7 +1,9 @@
 package proxytest
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -263,4 +265,24 @@ func Get(ns, src, url string) (workload.Reply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	return workload.HTTPGetVia(ctx, netnsutil.Dialer(ns, local), url)
+}
+
+// Echo is a connection to a pod's TCP echo port (81): Say sends a line and
+// reads its echo, which shows the connection still goes through.
+type Echo struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// NewEcho wraps c, a connection to an echo port.
+func NewEcho(c net.Conn) *Echo { return &Echo{c, bufio.NewReader(c)} }
+
+// Say sends msg and waits up to 2 s for its echo.
+func (e *Echo) Say(msg string) error {
+	_ = e.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintln(e, msg); err != nil {
+		return err
+	}
+	_, err := e.r.ReadString('\n')
+	return err
 }

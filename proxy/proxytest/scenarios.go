@@ -1,7 +1,6 @@
 package proxytest
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -308,20 +307,16 @@ func restart(t *testing.T, b Backend) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	r := bufio.NewReader(conn)
-	talk := func(msg string) {
-		t.Helper()
-		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-		fmt.Fprintln(conn, msg)
-		if _, err := r.ReadString('\n'); err != nil {
-			t.Fatalf("after %q: %v", msg, err)
-		}
+	echo := NewEcho(conn)
+	if err := echo.Say("hello"); err != nil {
+		t.Fatal(err)
 	}
-	talk("hello")
 	n.Backend = n.NewBackend()
 	n.Sync()
 	if b.Supports(ConnectionsSurviveRestart) {
-		talk("after restart")
+		if err := echo.Say("after restart"); err != nil {
+			t.Fatalf("after restart: %v", err)
+		}
 	}
 	if r, err := Get(n.Pods["b"].NS, "", "http://10.96.1.4/"); err != nil || r.Pod != "a" {
 		t.Fatalf("service after restart: %+v %v", r, err)
