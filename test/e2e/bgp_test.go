@@ -30,11 +30,12 @@ import (
 // announces is refused; an eTP=Local LB IP is routed by the ToR only to
 // the node with its endpoint; FRR added live as an external peer gets
 // only what its node originates, and its default route and the cluster's
-// pod CIDR are refused; a cross-rack stream lives through the SIGKILL and
-// restart of both its agents; a deleted node's podCIDR leaves the ToR and
-// the other nodes.
+// pod CIDR are refused; the lab's eBPF proxy switched to direct server
+// return answers a NodePort client from the backend's node, across the
+// ToR; a cross-rack stream lives through the SIGKILL and restart of both
+// its agents; a deleted node's podCIDR leaves the ToR and the other nodes.
 func TestBGPRacks(t *testing.T) {
-	c := upOptions(t, lab.Options{Nodes: 3, Routing: "bgp", Racks: 2})
+	c := upOptions(t, lab.Options{Nodes: 3, Routing: "bgp", Racks: 2, ProxyMode: "ebpf"})
 	ctx := context.Background()
 	nodes := lab.NodeMembers(c.state.Members)
 	cidrs := map[string]string{}
@@ -81,6 +82,7 @@ func TestBGPRacks(t *testing.T) {
 
 	lbLocal(t, c)
 	frrPeer(t, c)
+	directServerReturn(t, c) // node1 (rack 0) to node2 (rack 1) through the ToR
 
 	// Both agents of a cross-rack stream killed and restarted: routes stay
 	// in the kernels and at the ToR (graceful restart), the stream lives.

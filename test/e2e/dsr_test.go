@@ -14,15 +14,16 @@ import (
 	"github.com/weftnet/weft/lab"
 )
 
-// directServerReturn, on TestServices' eBPF lab (over VXLAN): its agents
-// switched to --bpf-lb-mode dsr through their ConfigMap. A NodePort (eTP Cluster)
-// whose one endpoint runs on node2, reached from outside on node1: the pod
-// sees the outside client's own address (node1 does not masquerade; the
-// SYN carries the NodePort to node2 in weft's IP option, through the
-// tunnel, and node2 answers the client from the NodePort's address). The
-// same NodePort on node2 itself (a local endpoint) is masqueraded as in
-// snat mode. weftctl check then passes in dsr mode (three nodes: its
-// probes between nodes need them).
+// directServerReturn, on an eBPF lab (TestServices' over VXLAN,
+// TestBGPRacks' routed by BGP through the ToR): its agents switched to
+// --bpf-lb-mode dsr through their ConfigMap. A NodePort (eTP Cluster)
+// whose one endpoint runs on node2, reached from outside on node1: the
+// pod sees the outside client's own address (node1 does not masquerade;
+// the SYN carries the NodePort to node2 in weft's IP option, through the
+// tunnel or the ToR, and node2 answers the client from the NodePort's
+// address). The same NodePort on node2 itself (a local endpoint) is
+// masqueraded as in snat mode. weftctl check then passes in dsr mode
+// (three nodes: its probes between nodes need them).
 func directServerReturn(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	if err := c.state.Reinstall(ctx, "bpf-lb-mode=dsr"); err != nil {
