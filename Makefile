@@ -124,13 +124,9 @@ image: build
 # runs more). The lab tests (test/e2e) and the VM suites (test/vm) take
 # the machine's lab turn one after the other (lab.WaitTurn queues them),
 # so one package may wait for the other's whole run: hence the timeout.
-# go test runs packages in the order given, two at a time: test/e2e, the
-# longest, starts first and the other packages share the second slot;
-# test/vm comes last, and takes the lab turn between two lab tests.
 CI_CONFORMANCE_MODE ?= iptables
-TEST_PKGS = ./test/e2e $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/vm$$') ./test/vm
 test: deps build kube lint bpf-check image node e2e
-	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 80m $(TEST_PKGS)
+	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 80m ./...
 	$(GO) run ./test/conformance -conformance-only -modes $(CI_CONFORMANCE_MODE) -out $(BIN)/conformance-ci
 
 # The kernel suites that need another kernel (IPVS; Debian stable's 6.1),
