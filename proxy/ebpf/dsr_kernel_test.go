@@ -447,7 +447,7 @@ func dsrRealTraffic(t *testing.T, vxlan bool, xdp link.XDPAttachFlags) {
 	if direct < 3 || fromPod != 0 {
 		t.Errorf("node2: %d replies from %s to the client, %d from the pod's address; want the TCP and UDP replies, all from the NodePort", direct, front, fromPod)
 	}
-	if n, err := counterSum(n1.objs.WeftDsrFallbacks); err != nil {
+	if n, err := counterSum(n1.objs.WeftDsrFallbacks, 0); err != nil {
 		t.Fatal(err)
 	} else if n != 0 {
 		t.Errorf("node1 counted %d DSR fallbacks", n)

@@ -274,7 +274,7 @@ func TestDSRLocalAndUnrouted(t *testing.T) {
 			t.Fatalf("port %d: translated to %s -> %s", c.port, got.src, got.dst)
 		}
 	}
-	n, err := counterSum(e.objs.WeftDsrFallbacks)
+	n, err := counterSum(e.objs.WeftDsrFallbacks, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func TestDSRLaterPacketUnrouted(t *testing.T) {
 	if got := parsePacket(t, out); got.dst != ext(podV, 80) || got.src != syn.src {
 		t.Fatalf("ACK translated to %s -> %s", got.src, got.dst)
 	}
-	n, err := counterSum(e.objs.WeftDsrFallbacks)
+	n, err := counterSum(e.objs.WeftDsrFallbacks, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,10 +113,10 @@ func (b *Backend) Collect(ch chan<- prometheus.Metric) {
 		return // not started, or cleaned up
 	}
 	gauge(descTermAvailable, boolValue(b.udp != nil))
-	if n, err := counterSum(b.np.WeftCtFailures); err == nil {
+	if n, err := counterSum(b.np.WeftCtFailures, 0); err == nil {
 		ch <- prometheus.MustNewConstMetric(descCTFailures, prometheus.CounterValue, float64(n))
 	}
-	if n, err := counterSum(b.np.WeftDsrFallbacks); err == nil {
+	if n, err := counterSum(b.np.WeftDsrFallbacks, 0); err == nil {
 		ch <- prometheus.MustNewConstMetric(descDSRFallbacks, prometheus.CounterValue, float64(n))
 	}
 	gauge(descLBMode, 1, b.cfg.lbMode())
@@ -231,11 +231,11 @@ func (t *tally) add(k FrontendKey, f *frontendState, sign int) {
 	}
 }
 
-// counterSum is the value of a per-CPU counter of the programs (a
-// one-entry per-CPU array), summed over the CPUs.
-func counterSum(m *ebpf.Map) (uint64, error) {
+// counterSum is the value of counter key of the programs' per-CPU
+// counter array m, summed over the CPUs.
+func counterSum(m *ebpf.Map, key uint32) (uint64, error) {
 	var perCPU []uint64
-	if err := m.Lookup(uint32(0), &perCPU); err != nil {
+	if err := m.Lookup(key, &perCPU); err != nil {
 		return 0, err
 	}
 	var n uint64

@@ -202,13 +202,11 @@ func (b *Backend) dropStaleXDP() error {
 func xdpStats(m *ebpf.Map) (map[string]uint64, error) {
 	out := map[string]uint64{}
 	for i, name := range []string{"translated", "dropped", "handoff"} {
-		var perCPU []uint64
-		if err := m.Lookup(uint32(i), &perCPU); err != nil {
+		n, err := counterSum(m, uint32(i))
+		if err != nil {
 			return nil, err
 		}
-		for _, n := range perCPU {
-			out[name] += n
-		}
+		out[name] = n
 	}
 	return out, nil
 }

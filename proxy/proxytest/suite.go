@@ -3,7 +3,6 @@ package proxytest
 import (
 	"context"
 	"net"
-	"slices"
 	"testing"
 
 	"github.com/weftnet/weft/lab/workload"
@@ -87,16 +86,6 @@ func Run(t *testing.T, b Backend) {
 	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) { s.run(t, b) })
-	}
-}
-
-// RunSome runs the scenarios of the table named names against b (a
-// backend variant whose difference only some scenarios exercise).
-func RunSome(t *testing.T, b Backend, names ...string) {
-	for _, s := range scenarios {
-		if slices.Contains(names, s.name) {
-			t.Run(s.name, func(t *testing.T) { s.run(t, b) })
-		}
 	}
 }
 
